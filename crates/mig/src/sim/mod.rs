@@ -1,0 +1,16 @@
+//! A simulated node of GPUs that follows the driver's MIG rules, used by `--simulate` and by
+//! the fake NVML library. [`state`] is the documented JSON format, [`ops`] the NVML-like calls,
+//! [`store`] the atomic state file.
+
+pub mod ids;
+pub mod ops;
+pub mod spec;
+pub mod state;
+pub mod store;
+
+pub use ops::{NvmlCode, SimError};
+pub use spec::{parse_spec, SpecError};
+pub use state::{MigModeState, SimCi, SimGi, SimGpu, SimProcess, SimState};
+
+#[cfg(test)]
+mod tests;

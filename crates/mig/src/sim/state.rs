@@ -1,0 +1,131 @@
+//! The simulator's whole state: one serde struct, stored as JSON (see docs/sim-state.md).
+
+use crate::catalog::{self, Model};
+use crate::Placement;
+use serde::{Deserialize, Serialize};
+
+/// Current state-file format version.
+pub const STATE_VERSION: u32 = 1;
+
+/// A simulated node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimState {
+    /// Format version, currently 1.
+    pub version: u32,
+    /// Counter mixed into every new MIG UUID so recreated instances get new UUIDs.
+    #[serde(default)]
+    pub serial: u64,
+    /// The GPUs, in NVML index order.
+    pub gpus: Vec<SimGpu>,
+}
+
+/// MIG mode as NVML reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigModeState {
+    /// Mode in effect.
+    pub current: bool,
+    /// Mode after the next activation (reset on Ampere).
+    pub pending: bool,
+}
+
+/// A process using a GPU, GPU instance or compute instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Process name.
+    #[serde(default)]
+    pub name: String,
+    /// GPU memory used, MiB.
+    #[serde(default)]
+    pub used_memory_mib: u64,
+}
+
+/// A simulated GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimGpu {
+    /// NVML index.
+    pub index: u32,
+    /// Catalog model id.
+    pub model: String,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// PCI bus id (`00000000:07:00.0`).
+    pub bus_id: String,
+    /// MIG mode (both false on GPUs without MIG).
+    #[serde(default)]
+    pub mig_mode: MigModeState,
+    /// Processes on the whole GPU (outside any MIG instance).
+    #[serde(default)]
+    pub processes: Vec<SimProcess>,
+    /// GPU instances.
+    #[serde(default)]
+    pub gpu_instances: Vec<SimGi>,
+}
+
+/// A simulated GPU instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimGi {
+    /// GI id (opaque, unique per GPU).
+    pub id: u32,
+    /// Device-unique GI profile id.
+    pub profile_id: u32,
+    /// Memory-slice placement.
+    pub placement: Placement,
+    /// Processes attached to the GI itself.
+    #[serde(default)]
+    pub processes: Vec<SimProcess>,
+    /// Compute instances.
+    #[serde(default)]
+    pub compute_instances: Vec<SimCi>,
+}
+
+/// A simulated compute instance (one MIG device).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimCi {
+    /// CI id, unique within its GI.
+    pub id: u32,
+    /// CI profile id (`NVML_COMPUTE_INSTANCE_PROFILE_*`).
+    pub profile_id: u32,
+    /// Placement in compute slices inside the GI.
+    pub placement: Placement,
+    /// `MIG-…` UUID of the MIG device.
+    pub uuid: String,
+    /// Processes running on this MIG device.
+    #[serde(default)]
+    pub processes: Vec<SimProcess>,
+}
+
+impl SimGpu {
+    /// The catalog model of this GPU.
+    pub fn catalog_model(&self) -> Option<&'static Model> {
+        catalog::lookup(&self.model)
+    }
+
+    /// Every process on the GPU, including those inside MIG instances.
+    pub fn all_processes(&self) -> impl Iterator<Item = &SimProcess> {
+        self.processes
+            .iter()
+            .chain(self.gpu_instances.iter().flat_map(SimGi::all_processes))
+    }
+
+    /// GI by id.
+    pub fn gi(&self, id: u32) -> Option<&SimGi> {
+        self.gpu_instances.iter().find(|g| g.id == id)
+    }
+}
+
+impl SimGi {
+    /// Processes on the GI and on its compute instances.
+    pub fn all_processes(&self) -> impl Iterator<Item = &SimProcess> {
+        self.processes
+            .iter()
+            .chain(self.compute_instances.iter().flat_map(|c| c.processes.iter()))
+    }
+}
