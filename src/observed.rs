@@ -1,0 +1,135 @@
+//! Plain data describing GPUs as a backend observes them. Shared by the backends (which fill it),
+//! the planner (which reads it) and the status output.
+
+use crate::mig::{Placement, ProfileTable};
+use serde::Serialize;
+
+/// Static facts about a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuInfo {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Catalog model id when known, else the NVML name.
+    pub model: String,
+    /// NVML device name.
+    pub name: String,
+    /// `(device << 16) | vendor`.
+    pub pci_device_id: u32,
+    /// Subsystem id in the same form, when known.
+    pub pci_subsystem_id: Option<u32>,
+    /// PCI bus id.
+    pub bus_id: String,
+    /// Total memory in bytes.
+    pub memory_total_bytes: u64,
+    /// Whether the GPU supports MIG.
+    pub mig_capable: bool,
+    /// Whether a MIG mode change needs a GPU reset to take effect (Ampere).
+    pub mode_change_needs_reset: bool,
+}
+
+/// MIG mode as NVML reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MigMode {
+    /// Mode in effect.
+    pub current: bool,
+    /// Mode after the next activation.
+    pub pending: bool,
+}
+
+/// A process using a GPU or MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Process {
+    /// Process id.
+    pub pid: u32,
+    /// Process name, when known.
+    pub name: String,
+    /// GPU memory used, MiB.
+    pub used_memory_mib: u64,
+}
+
+/// An existing compute instance (one MIG device).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CiState {
+    /// CI id within its GI.
+    pub id: u32,
+    /// CI profile id.
+    pub profile_id: u32,
+    /// Placement in compute slices within the GI.
+    pub placement: Placement,
+    /// `MIG-…` UUID.
+    pub uuid: String,
+    /// Processes on this MIG device.
+    pub processes: Vec<Process>,
+}
+
+/// An existing GPU instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GiState {
+    /// GI id (opaque).
+    pub id: u32,
+    /// Device-unique GI profile id.
+    pub profile_id: u32,
+    /// Memory-slice placement.
+    pub placement: Placement,
+    /// Its compute instances.
+    pub cis: Vec<CiState>,
+    /// Processes attached to the GI outside any CI.
+    pub processes: Vec<Process>,
+}
+
+impl GiState {
+    /// Whether any process uses this GI or its CIs.
+    pub fn busy(&self) -> bool {
+        !self.processes.is_empty() || self.cis.iter().any(|c| !c.processes.is_empty())
+    }
+
+    /// Every process on the GI and its CIs.
+    pub fn all_processes(&self) -> impl Iterator<Item = &Process> {
+        self.processes.iter().chain(self.cis.iter().flat_map(|c| c.processes.iter()))
+    }
+}
+
+/// Everything observed about one GPU at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuState {
+    /// Static facts.
+    pub info: GpuInfo,
+    /// MIG mode (both false without MIG).
+    pub mig_mode: MigMode,
+    /// Profile table (empty without MIG).
+    pub profiles: ProfileTable,
+    /// GPU instances.
+    pub instances: Vec<GiState>,
+    /// Processes on the whole GPU, outside MIG instances.
+    pub processes: Vec<Process>,
+}
+
+impl GpuState {
+    /// Every process on the GPU, including those in MIG instances.
+    pub fn all_processes(&self) -> impl Iterator<Item = &Process> {
+        self.processes.iter().chain(self.instances.iter().flat_map(GiState::all_processes))
+    }
+
+    /// The profile name of a GI, or `profile <id>` when unknown.
+    pub fn gi_name(&self, gi: &GiState) -> String {
+        self.profiles
+            .by_id(gi.profile_id)
+            .map_or_else(|| format!("profile {}", gi.profile_id), |p| p.name.to_string())
+    }
+
+    /// MIG device names present, one per compute instance.
+    pub fn device_names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for gi in &self.instances {
+            for ci in &gi.cis {
+                out.push(match self.profiles.by_id(gi.profile_id) {
+                    Some(p) => p.device_name(ci.profile_id).to_string(),
+                    None => format!("profile {}/{}", gi.profile_id, ci.profile_id),
+                });
+            }
+        }
+        out
+    }
+}

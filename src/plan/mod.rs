@@ -1,0 +1,314 @@
+//! The layout planner: desired MIG devices vs. a GPU's current instances → the minimal set of
+//! instances to destroy and create, with explicit placements. Pure; no I/O.
+//!
+//! Objective, in order: no busy instance destroyed; fewest GPU instances destroyed; fewest
+//! created; then the most usable free space ([`search::Quality`]). Every subset of the current
+//! instances is considered for keeping (a GPU has at most 7), and each candidate is completed by
+//! exact placement search, so a feasible layout is never rejected.
+
+pub mod pack;
+pub mod search;
+
+use crate::layout::{DesiredDevices, DeviceKey};
+use crate::mig::{Placement, ProfileTable};
+use crate::observed::{GiState, Process};
+use pack::{pack, GiShape};
+use search::{at, search, Quality};
+use std::fmt;
+
+/// A GPU instance the plan keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeepGi {
+    /// GI id.
+    pub gi_id: u32,
+    /// Profile name.
+    pub name: String,
+    /// Placement.
+    pub placement: Placement,
+}
+
+/// A GPU instance the plan destroys (its CIs first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestroyGi {
+    /// GI id.
+    pub gi_id: u32,
+    /// GI profile id.
+    pub profile_id: u32,
+    /// Profile name.
+    pub name: String,
+    /// Placement.
+    pub placement: Placement,
+    /// Its CI ids, destroyed first.
+    pub ci_ids: Vec<u32>,
+    /// Whether processes use it (only with `--force`).
+    pub busy: bool,
+}
+
+/// A GPU instance the plan creates, then its CIs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateGi {
+    /// GI profile id.
+    pub profile_id: u32,
+    /// Profile name.
+    pub name: String,
+    /// Placement in memory slices.
+    pub placement: Placement,
+    /// CIs: (CI profile id, placement in compute slices).
+    pub cis: Vec<(u32, Placement)>,
+    /// MIG device names of those CIs.
+    pub device_names: Vec<String>,
+}
+
+/// What to do on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Instances left as they are.
+    pub keep: Vec<KeepGi>,
+    /// Instances to destroy.
+    pub destroy: Vec<DestroyGi>,
+    /// Instances to create.
+    pub create: Vec<CreateGi>,
+    /// Usability of the free space afterwards.
+    pub quality: Quality,
+}
+
+impl Plan {
+    /// True when nothing changes.
+    pub fn is_noop(&self) -> bool {
+        self.destroy.is_empty() && self.create.is_empty()
+    }
+}
+
+/// A busy instance that stands in the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BusyInstance {
+    /// GI id.
+    pub gi_id: u32,
+    /// Profile name.
+    pub name: String,
+    /// Placement.
+    pub placement: Placement,
+    /// MIG device UUIDs in it.
+    pub uuids: Vec<String>,
+    /// Processes using it.
+    pub processes: Vec<Process>,
+}
+
+impl fmt::Display for BusyInstance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{} (GPU instance {}", self.name, self.placement.start, self.gi_id)?;
+        for u in &self.uuids {
+            write!(f, ", {u}")?;
+        }
+        let pids: Vec<String> = self
+            .processes
+            .iter()
+            .map(|p| if p.name.is_empty() { p.pid.to_string() } else { format!("{} ({})", p.pid, p.name) })
+            .collect();
+        write!(f, ") is used by pid {}", pids.join(", "))
+    }
+}
+
+/// Why a GPU cannot be brought to the desired layout.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// No arrangement of the desired layout exists on this GPU.
+    #[error("layout cannot fit: {reason}")]
+    Infeasible {
+        /// The reason in words.
+        reason: String,
+    },
+    /// Every arrangement destroys instances that are in use.
+    #[error("{} busy instance(s) would have to be destroyed: {}; {reason}. Stop the processes or pass --force", .instances.len(), .instances.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Blocked {
+        /// The busy instances in the way.
+        instances: Vec<BusyInstance>,
+        /// Why they cannot stay.
+        reason: String,
+    },
+}
+
+struct Candidate {
+    busy_destroyed: usize,
+    destroyed: usize,
+    created: usize,
+    kept: Vec<usize>,
+    shapes: Vec<GiShape>,
+}
+
+impl Candidate {
+    fn cost(&self) -> (usize, usize, usize) {
+        (self.busy_destroyed, self.destroyed, self.created)
+    }
+}
+
+fn devices_of(gi: &GiState) -> impl Iterator<Item = DeviceKey> + '_ {
+    gi.cis.iter().map(move |c| (gi.profile_id, c.profile_id))
+}
+
+/// Subtracts the devices of `kept` from `desired`; `None` when a kept device is not wanted.
+fn remainder(desired: &DesiredDevices, kept: &[&GiState]) -> Option<std::collections::BTreeMap<DeviceKey, u32>> {
+    let mut rem = desired.counts.clone();
+    for key in kept.iter().flat_map(|g| devices_of(g)) {
+        let n = rem.get_mut(&key).filter(|n| **n > 0)?;
+        *n -= 1;
+    }
+    rem.retain(|_, n| *n > 0);
+    Some(rem)
+}
+
+fn unpackable() -> PlanError {
+    PlanError::Infeasible {
+        reason: "a MIG device does not fit its GPU-instance profile".into(),
+    }
+}
+
+/// Plans one GPU: `current` instances vs. `desired` devices. With `force`, busy instances may be
+/// destroyed when no plan can keep them.
+pub fn plan(
+    table: &ProfileTable,
+    current: &[GiState],
+    desired: &DesiredDevices,
+    force: bool,
+) -> Result<Plan, PlanError> {
+    let n = current.len();
+    if n > 16 {
+        return Err(PlanError::Infeasible {
+            reason: format!("{n} GPU instances exist, more than any MIG GPU supports"),
+        });
+    }
+    let mut candidates = Vec::new();
+    for mask in 0u32..(1 << n) {
+        let kept: Vec<usize> = (0..n).filter(|i| mask & (1 << i) != 0).collect();
+        let kept_gis: Vec<&GiState> = kept.iter().map(|&i| &current[i]).collect();
+        if kept_gis.iter().any(|g| g.cis.is_empty() || table.by_id(g.profile_id).is_none()) {
+            continue;
+        }
+        let Some(rem) = remainder(desired, &kept_gis) else { continue };
+        let shapes = pack(table, &rem).ok_or_else(unpackable)?;
+        let busy_destroyed = (0..n).filter(|i| mask & (1 << i) == 0 && current[*i].busy()).count();
+        candidates.push(Candidate {
+            busy_destroyed,
+            destroyed: n - kept.len(),
+            created: shapes.len(),
+            kept,
+            shapes,
+        });
+    }
+    candidates.sort_by_key(|c| c.cost());
+    let mut best: Option<(&Candidate, Vec<Placement>, Quality)> = None;
+    for group in candidates.chunk_by(|a, b| a.cost() == b.cost()) {
+        for cand in group {
+            let kept: Vec<(u32, Placement)> = cand.kept.iter().map(|&i| (current[i].profile_id, current[i].placement)).collect();
+            let new: Vec<u32> = cand.shapes.iter().map(|s| s.profile_id).collect();
+            if let Ok((placements, quality)) = search(table, &kept, &new) {
+                if best.as_ref().is_none_or(|(_, _, q)| quality > *q) {
+                    best = Some((cand, placements, quality));
+                }
+            }
+        }
+        if best.is_some() {
+            break;
+        }
+    }
+    let Some((cand, placements, quality)) = best else {
+        let shapes = pack(table, &desired.counts).ok_or_else(unpackable)?;
+        let new: Vec<u32> = shapes.iter().map(|s| s.profile_id).collect();
+        let reason = match search(table, &[], &new) {
+            Err(e) => e.0,
+            Ok(_) => "no arrangement keeps the existing instances".into(),
+        };
+        return Err(PlanError::Infeasible { reason });
+    };
+    if cand.busy_destroyed > 0 && !force {
+        return Err(blocked(table, current, desired, &cand.kept));
+    }
+    Ok(build(table, current, cand, &placements, quality))
+}
+
+fn build(table: &ProfileTable, current: &[GiState], cand: &Candidate, placements: &[Placement], quality: Quality) -> Plan {
+    let name = |id: u32| table.by_id(id).map_or_else(|| format!("profile {id}"), |p| p.name.to_string());
+    let keep = cand
+        .kept
+        .iter()
+        .map(|&i| KeepGi {
+            gi_id: current[i].id,
+            name: name(current[i].profile_id),
+            placement: current[i].placement,
+        })
+        .collect();
+    let destroy = (0..current.len())
+        .filter(|i| !cand.kept.contains(i))
+        .map(|i| {
+            let g = &current[i];
+            DestroyGi {
+                gi_id: g.id,
+                profile_id: g.profile_id,
+                name: name(g.profile_id),
+                placement: g.placement,
+                ci_ids: g.cis.iter().map(|c| c.id).collect(),
+                busy: g.busy(),
+            }
+        })
+        .collect();
+    let mut create: Vec<CreateGi> = cand
+        .shapes
+        .iter()
+        .zip(placements)
+        .map(|(s, p)| {
+            let gi = table.by_id(s.profile_id);
+            CreateGi {
+                profile_id: s.profile_id,
+                name: name(s.profile_id),
+                placement: *p,
+                cis: s.cis.clone(),
+                device_names: s
+                    .cis
+                    .iter()
+                    .map(|(ci, _)| gi.map_or_else(String::new, |g| g.device_name(*ci).to_string()))
+                    .collect(),
+            }
+        })
+        .collect();
+    create.sort_by_key(|c| c.placement.start);
+    Plan {
+        keep,
+        destroy,
+        create,
+        quality,
+    }
+}
+
+fn blocked(table: &ProfileTable, current: &[GiState], desired: &DesiredDevices, kept: &[usize]) -> PlanError {
+    let busy: Vec<&GiState> = current.iter().filter(|g| g.busy()).collect();
+    let instances = current
+        .iter()
+        .enumerate()
+        .filter(|(i, g)| g.busy() && !kept.contains(i))
+        .map(|(_, g)| BusyInstance {
+            gi_id: g.id,
+            name: table.by_id(g.profile_id).map_or_else(|| format!("profile {}", g.profile_id), |p| p.name.to_string()),
+            placement: g.placement,
+            uuids: g.cis.iter().map(|c| c.uuid.clone()).collect(),
+            processes: g.all_processes().cloned().collect(),
+        })
+        .collect();
+    let reason = match remainder(desired, &busy) {
+        None => "their MIG devices are not part of the desired layout".to_string(),
+        Some(rem) => {
+            let kept: Vec<(u32, Placement)> = busy.iter().map(|g| (g.profile_id, g.placement)).collect();
+            let new: Vec<u32> = pack(table, &rem).unwrap_or_default().iter().map(|s| s.profile_id).collect();
+            match search(table, &kept, &new) {
+                Err(e) => e.0,
+                Ok(_) => format!(
+                    "the layout cannot be completed around {}",
+                    kept.iter().map(|(id, p)| at(table, *id, *p)).collect::<Vec<_>>().join(",")
+                ),
+            }
+        }
+    };
+    PlanError::Blocked { instances, reason }
+}
+
+#[cfg(test)]
+mod tests;
