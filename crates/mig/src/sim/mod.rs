@@ -2,6 +2,7 @@
 //! the fake NVML library. [`state`] is the documented JSON format, [`ops`] the NVML-like calls,
 //! [`store`] the atomic state file.
 
+pub mod fault;
 pub mod ids;
 pub mod ops;
 pub mod spec;

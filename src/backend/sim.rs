@@ -1,0 +1,211 @@
+//! The in-process simulator backend (`--simulate`, `--sim-state`): the `gpupart-mig` simulator
+//! behind a mutex, saved atomically to the state file after every change. The per-operation delay
+//! is slept outside the lock, so different GPUs progress concurrently as on real hardware.
+
+use super::{BackendError, GpuBackend, ModeActivation};
+use crate::mig::sim::fault::Faults;
+use crate::mig::sim::ops::Activation;
+use crate::mig::sim::{store, SimError, SimGpu, SimProcess, SimState};
+use crate::mig::Placement;
+use crate::observed::{CiState, GiState, GpuInfo, GpuState, MigMode, Process};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Simulated GPUs, optionally persisted to a state file.
+pub struct SimBackend {
+    state: Mutex<SimState>,
+    path: Option<PathBuf>,
+    op_delay: Duration,
+    faults: Mutex<Faults>,
+}
+
+fn to_process(p: &SimProcess) -> Process {
+    Process {
+        pid: p.pid,
+        name: p.name.clone(),
+        used_memory_mib: p.used_memory_mib,
+    }
+}
+
+impl SimBackend {
+    /// A backend over `state`, saved to `path` after each change when given.
+    pub fn new(state: SimState, path: Option<PathBuf>) -> Self {
+        Self {
+            state: Mutex::new(state),
+            path,
+            op_delay: Duration::ZERO,
+            faults: Mutex::new(Faults::default()),
+        }
+    }
+
+    /// Opens the simulator the CLI way: the state file when it exists, else a new node from
+    /// `spec` (saved to the file when one is named).
+    pub fn open(spec: Option<&str>, path: Option<&Path>) -> Result<Self, BackendError> {
+        let state = match path {
+            Some(p) if p.exists() => store::load(p).map_err(|e| BackendError::Unavailable(e.to_string()))?,
+            _ => {
+                let spec = spec.ok_or_else(|| {
+                    BackendError::Unavailable(format!(
+                        "state file {} does not exist; pass --simulate MODEL:COUNT to create it",
+                        path.map_or_else(String::new, |p| p.display().to_string())
+                    ))
+                })?;
+                let parsed = crate::mig::sim::parse_spec(spec).map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                let state = SimState::new(&parsed);
+                if let Some(p) = path {
+                    store::save(p, &state).map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                }
+                state
+            }
+        };
+        Ok(Self::new(state, path.map(Path::to_path_buf)))
+    }
+
+    /// Sleeps this long in every mutating call (outside the lock).
+    pub fn with_op_delay(mut self, delay: Duration) -> Self {
+        self.op_delay = delay;
+        self
+    }
+
+    /// Injects faults (`FUNCTION:NTH:CODE[,…]`, NVML function names).
+    pub fn with_faults(self, faults: Faults) -> Self {
+        *self.faults.lock().unwrap_or_else(|e| e.into_inner()) = faults;
+        self
+    }
+
+    /// A copy of the current state.
+    pub fn snapshot(&self) -> SimState {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs one mutating simulator call: delay, injected fault, change a copy, save, commit.
+    fn mutate<T>(
+        &self,
+        gpu: u32,
+        function: &'static str,
+        op: impl FnOnce(&mut SimState) -> Result<T, SimError>,
+    ) -> Result<T, BackendError> {
+        if !self.op_delay.is_zero() {
+            std::thread::sleep(self.op_delay);
+        }
+        if let Some(code) = self.faults.lock().unwrap_or_else(|e| e.into_inner()).hit(function) {
+            return Err(BackendError::call(gpu, function, code, "injected fault"));
+        }
+        let mut guard = self.lock();
+        let mut next = guard.clone();
+        let out = op(&mut next).map_err(|e| BackendError::call(gpu, function, e.code as u32, e.detail))?;
+        if let Some(path) = &self.path {
+            store::save(path, &next).map_err(|e| BackendError::Persist(e.to_string()))?;
+        }
+        *guard = next;
+        Ok(out)
+    }
+}
+
+fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
+    let model = g
+        .catalog_model()
+        .ok_or_else(|| BackendError::Unavailable(format!("GPU {}: unknown model {}", g.index, g.model)))?;
+    let instances = g
+        .gpu_instances
+        .iter()
+        .map(|gi| GiState {
+            id: gi.id,
+            profile_id: gi.profile_id,
+            placement: gi.placement,
+            processes: gi.processes.iter().map(to_process).collect(),
+            cis: gi
+                .compute_instances
+                .iter()
+                .map(|c| CiState {
+                    id: c.id,
+                    profile_id: c.profile_id,
+                    placement: c.placement,
+                    uuid: c.uuid.clone(),
+                    processes: c.processes.iter().map(to_process).collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(GpuState {
+        info: GpuInfo {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            model: model.id.to_string(),
+            name: model.nvml_name.to_string(),
+            pci_device_id: model.pci_device_id,
+            pci_subsystem_id: None,
+            bus_id: g.bus_id.clone(),
+            memory_total_bytes: model.memory_bytes(),
+            mig_capable: model.mig_capable(),
+            mode_change_needs_reset: model.arch.mig_mode_needs_reset(),
+        },
+        mig_mode: MigMode {
+            current: g.mig_mode.current,
+            pending: g.mig_mode.pending,
+        },
+        profiles: model.profile_table(),
+        instances,
+        processes: g.processes.iter().map(to_process).collect(),
+    })
+}
+
+impl GpuBackend for SimBackend {
+    fn describe(&self) -> String {
+        let n = self.lock().gpus.len();
+        match &self.path {
+            Some(p) => format!("simulator: {n} GPUs, state in {}", p.display()),
+            None => format!("simulator: {n} GPUs, in memory"),
+        }
+    }
+
+    fn gpu_count(&self) -> Result<u32, BackendError> {
+        Ok(self.lock().gpus.len() as u32)
+    }
+
+    fn observe(&self, gpu: u32) -> Result<GpuState, BackendError> {
+        let state = self.lock();
+        let g = state
+            .gpu(gpu)
+            .map_err(|e| BackendError::call(gpu, "nvmlDeviceGetHandleByIndex_v2", e.code as u32, e.detail))?;
+        observe_gpu(g)
+    }
+
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<ModeActivation, BackendError> {
+        let a = self.mutate(gpu, "nvmlDeviceSetMigMode", |s| s.set_mig_mode(gpu, enabled))?;
+        Ok(match a {
+            Activation::Done => ModeActivation::Done,
+            Activation::PendingReset => ModeActivation::PendingReset,
+            Activation::InUse => ModeActivation::InUse,
+        })
+    }
+
+    fn reset_gpu(&self, gpu: u32) -> Result<(), BackendError> {
+        self.mutate(gpu, "nvidia-smi --gpu-reset", |s| s.reset(gpu))
+    }
+
+    fn create_gpu_instance(&self, gpu: u32, profile_id: u32, placement: Placement) -> Result<u32, BackendError> {
+        self.mutate(gpu, "nvmlDeviceCreateGpuInstanceWithPlacement", |s| {
+            s.create_gpu_instance(gpu, profile_id, Some(placement))
+        })
+    }
+
+    fn create_compute_instance(&self, gpu: u32, gi: u32, ci_profile_id: u32, placement: Placement) -> Result<u32, BackendError> {
+        self.mutate(gpu, "nvmlGpuInstanceCreateComputeInstanceWithPlacement", |s| {
+            s.create_compute_instance(gpu, gi, ci_profile_id, Some(placement.start))
+        })
+    }
+
+    fn destroy_compute_instance(&self, gpu: u32, gi: u32, ci: u32) -> Result<(), BackendError> {
+        self.mutate(gpu, "nvmlComputeInstanceDestroy", |s| s.destroy_compute_instance(gpu, gi, ci))
+    }
+
+    fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), BackendError> {
+        self.mutate(gpu, "nvmlGpuInstanceDestroy", |s| s.destroy_gpu_instance(gpu, gi))
+    }
+}

@@ -1,0 +1,123 @@
+//! `gpupart apply`: plan every GPU, refuse before touching anything if any GPU cannot be planned,
+//! then execute concurrently and report per GPU.
+
+use super::{open_backend, read_config};
+use crate::cli::{ApplyArgs, GlobalArgs};
+use crate::exec::{execute, ExecOptions, GpuReport, Outcome};
+use crate::prepare::{prepare, Job, Target};
+use anyhow::Context;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+/// Runs `apply`.
+pub fn run(g: &GlobalArgs, a: &ApplyArgs) -> anyhow::Result<ExitCode> {
+    let file = read_config(&a.config.config_file)?;
+    let config = file.choose(a.config.selected_config.as_deref())?;
+    let backend = open_backend(g)?;
+    let states = backend.observe_all().context("reading the GPUs")?;
+    let jobs = match prepare(states, config, a.force, a.mode_only) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("error: nothing was changed; config '{}' cannot be applied:", config.name);
+            for p in &e.problems {
+                eprintln!("  {p}");
+            }
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let reports = execute(
+        backend.as_ref(),
+        &jobs,
+        ExecOptions {
+            dry_run: a.dry_run,
+            parallel: a.parallel as usize,
+            skip_reset: a.skip_reset,
+        },
+    );
+    let mut out = String::new();
+    for (job, report) in jobs.iter().zip(&reports) {
+        render(&mut out, job, report);
+    }
+    print!("{out}");
+    let failed = reports.iter().filter(|r| matches!(r.outcome, Outcome::Failed(_))).count();
+    let changed = reports.iter().filter(|r| matches!(r.outcome, Outcome::Applied | Outcome::DryRun)).count();
+    let (mut kept, mut destroyed, mut created) = (0, 0, 0);
+    for p in jobs.iter().filter_map(|j| j.plan.as_ref()) {
+        kept += p.keep.len();
+        destroyed += p.destroy.len();
+        created += p.create.len();
+    }
+    let totals = format!(
+        "{changed} GPU(s) to change, {} unchanged; GPU instances kept {kept}, destroyed {destroyed}, created {created}",
+        reports.len() - changed - failed
+    );
+    if failed > 0 {
+        eprintln!("error: {failed} GPU(s) failed; see above for what was changed on each");
+        return Ok(ExitCode::FAILURE);
+    }
+    if a.dry_run {
+        println!("dry run, nothing was changed: {totals}");
+    } else {
+        println!("MIG configuration applied successfully ({totals})");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn mode_word(on: bool) -> &'static str {
+    if on {
+        "enabled"
+    } else {
+        "disabled"
+    }
+}
+
+fn render(out: &mut String, job: &Job, report: &GpuReport) {
+    let s = &job.state;
+    let _ = write!(out, "GPU {} {} ({})", s.info.index, s.info.model, s.info.uuid);
+    if let Target::Leave { reason } = &job.target {
+        let _ = writeln!(out, ": left alone, {reason}");
+        return;
+    }
+    match job.mode_change {
+        Some(on) => {
+            let _ = writeln!(out, ": MIG mode {} -> {}", mode_word(s.mig_mode.current), mode_word(on));
+        }
+        None => {
+            let _ = writeln!(out, ": MIG mode {}", mode_word(s.mig_mode.current));
+        }
+    }
+    if let Some(plan) = &job.plan {
+        for k in &plan.keep {
+            let _ = writeln!(out, "  keep     {}@{} (GPU instance {})", k.name, k.placement.start, k.gi_id);
+        }
+        for d in &plan.destroy {
+            let busy = if d.busy { ", busy" } else { "" };
+            let _ = writeln!(out, "  destroy  {}@{} (GPU instance {}{busy})", d.name, d.placement.start, d.gi_id);
+        }
+        for c in &plan.create {
+            let _ = writeln!(out, "  create   {}@{} [{}]", c.name, c.placement.start, c.device_names.join(", "));
+        }
+    }
+    match &report.outcome {
+        Outcome::Unchanged => {
+            let _ = writeln!(out, "  already applied");
+        }
+        Outcome::DryRun => {
+            let _ = writeln!(out, "  (dry run)");
+        }
+        Outcome::Applied => {
+            let _ = writeln!(out, "  applied: {} change(s) in {} ms", report.steps.len(), report.elapsed.as_millis());
+        }
+        Outcome::Failed(e) => {
+            let _ = writeln!(out, "  FAILED: {e}");
+            if report.steps.is_empty() {
+                let _ = writeln!(out, "  nothing was changed on this GPU");
+            } else {
+                let _ = writeln!(out, "  changed before the failure:");
+                for st in &report.steps {
+                    let _ = writeln!(out, "    {st}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! `gpupart export`: the current layout as a mig-parted v1 config. Identical GPUs are merged,
+//! `devices: all` is used when every GPU of a kind is alike, device filters appear only on mixed
+//! nodes, and (in YAML) each GPU's placements are kept as comments mig-parted ignores.
+
+use super::open_backend;
+use crate::cli::{ExportArgs, ExportFormat, GlobalArgs};
+use crate::observed::GpuState;
+use anyhow::Context;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+/// One exported entry: which GPUs, and what they have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Device filter, when the node has several GPU kinds.
+    pub filter: Option<u32>,
+    /// GPU indices, or `None` for `all`.
+    pub devices: Option<Vec<u32>>,
+    /// MIG enabled.
+    pub mig_enabled: bool,
+    /// MIG device name → count, in name order.
+    pub mig_devices: BTreeMap<String, u32>,
+    /// `GPU n: profile@start …` comment lines.
+    pub placements: Vec<String>,
+}
+
+/// The entries describing `states`.
+pub fn entries(states: &[GpuState]) -> Vec<Entry> {
+    let kinds: Vec<u32> = {
+        let mut k: Vec<u32> = states.iter().map(|s| s.info.pci_device_id).collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    };
+    let mut groups: Vec<(u32, bool, BTreeMap<String, u32>, Vec<u32>, Vec<String>)> = Vec::new();
+    for s in states {
+        let mut counts = BTreeMap::new();
+        for n in s.device_names() {
+            *counts.entry(n).or_insert(0) += 1;
+        }
+        let enabled = s.mig_mode.current;
+        let mut line = format!("GPU {}:", s.info.index);
+        for gi in &s.instances {
+            line.push_str(&format!(" {}@{}", s.gi_name(gi), gi.placement.start));
+        }
+        let key = (s.info.pci_device_id, enabled, counts);
+        match groups.iter_mut().find(|g| (g.0, g.1, &g.2) == (key.0, key.1, &key.2)) {
+            Some(g) => {
+                g.3.push(s.info.index);
+                g.4.push(line);
+            }
+            None => groups.push((key.0, key.1, key.2, vec![s.info.index], vec![line])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(id, enabled, counts, indices, lines)| {
+            let all_of_kind = states.iter().filter(|s| s.info.pci_device_id == id).count() == indices.len();
+            Entry {
+                filter: (kinds.len() > 1).then_some(id),
+                devices: (!all_of_kind).then_some(indices),
+                mig_enabled: enabled,
+                mig_devices: counts,
+                placements: if enabled { lines } else { Vec::new() },
+            }
+        })
+        .collect()
+}
+
+fn yaml(label: &str, entries: &[Entry]) -> String {
+    let mut out = format!("version: v1\nmig-configs:\n  {label}:\n");
+    for e in entries {
+        for p in &e.placements {
+            out.push_str(&format!("    # gpupart placements {p}\n"));
+        }
+        let mut first = true;
+        let mut line = |s: String| {
+            out.push_str(if first { "    - " } else { "      " });
+            out.push_str(&s);
+            out.push('\n');
+            first = false;
+        };
+        if let Some(f) = e.filter {
+            line(format!("device-filter: \"0x{f:08X}\""));
+        }
+        line(match &e.devices {
+            None => "devices: all".into(),
+            Some(d) => format!("devices: [{}]", d.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+        });
+        line(format!("mig-enabled: {}", e.mig_enabled));
+        if e.mig_enabled {
+            if e.mig_devices.is_empty() {
+                line("mig-devices: {}".into());
+            } else {
+                line("mig-devices:".into());
+                for (name, n) in &e.mig_devices {
+                    out.push_str(&format!("        \"{name}\": {n}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn json_doc(label: &str, entries: &[Entry]) -> Value {
+    let specs: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut m = Map::new();
+            if let Some(f) = e.filter {
+                m.insert("device-filter".into(), json!(format!("0x{f:08X}")));
+            }
+            m.insert("devices".into(), e.devices.as_ref().map_or(json!("all"), |d| json!(d)));
+            m.insert("mig-enabled".into(), json!(e.mig_enabled));
+            if e.mig_enabled {
+                m.insert("mig-devices".into(), json!(e.mig_devices));
+            }
+            Value::Object(m)
+        })
+        .collect();
+    json!({"version": "v1", "mig-configs": {label: specs}})
+}
+
+/// Runs `export`.
+pub fn run(g: &GlobalArgs, a: &ExportArgs) -> anyhow::Result<ExitCode> {
+    let backend = open_backend(g)?;
+    let states = backend.observe_all().context("reading the GPUs")?;
+    let entries = entries(&states);
+    match a.output {
+        ExportFormat::Yaml => print!("{}", yaml(&a.label, &entries)),
+        ExportFormat::Json => println!("{}", serde_json::to_string_pretty(&json_doc(&a.label, &entries))?),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,211 @@
+//! `gpupart status`: per GPU, the MIG mode, instances and free capacity, as a table or as the
+//! stable JSON schema documented in docs/status-json.md.
+
+use super::open_backend;
+use crate::cli::{GlobalArgs, StatusArgs, StatusFormat};
+use crate::mig::capacity::Occupancy;
+use crate::mig::Placement;
+use crate::observed::{GpuState, MigMode, Process};
+use anyhow::Context;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+/// `status -o json` document.
+#[derive(Debug, Serialize)]
+pub struct StatusDoc {
+    /// Schema version of this document.
+    pub schema_version: u32,
+    /// One entry per GPU.
+    pub gpus: Vec<GpuStatus>,
+}
+
+/// One GPU in `status -o json`.
+#[derive(Debug, Serialize)]
+pub struct GpuStatus {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Model id.
+    pub model: String,
+    /// NVML name.
+    pub name: String,
+    /// PCI bus id.
+    pub bus_id: String,
+    /// Whether MIG is supported.
+    pub mig_capable: bool,
+    /// MIG mode.
+    pub mig_mode: MigMode,
+    /// One entry per MIG device (compute instance); a GI without CIs appears once with nulls.
+    pub instances: Vec<InstanceStatus>,
+    /// Free capacity (MIG GPUs only).
+    pub free: Option<FreeStatus>,
+    /// Processes outside MIG instances.
+    pub processes: Vec<Process>,
+}
+
+/// One MIG device in `status -o json`.
+#[derive(Debug, Serialize)]
+pub struct InstanceStatus {
+    /// MIG device profile name (`3g.40gb`, `1c.3g.40gb`).
+    pub profile: String,
+    /// GPU-instance profile name.
+    pub gpu_instance_profile: String,
+    /// GI placement in memory slices.
+    pub placement: Placement,
+    /// GI id.
+    pub gpu_instance_id: u32,
+    /// CI id (null for a GI without CIs).
+    pub compute_instance_id: Option<u32>,
+    /// `MIG-…` UUID (null for a GI without CIs).
+    pub uuid: Option<String>,
+    /// Whether processes use it.
+    pub busy: bool,
+    /// Those processes.
+    pub processes: Vec<Process>,
+}
+
+/// Free capacity of a MIG GPU.
+#[derive(Debug, Serialize)]
+pub struct FreeStatus {
+    /// Free memory slices.
+    pub memory_slices: u32,
+    /// Free compute slices.
+    pub compute_slices: u32,
+    /// Free memory slices no creatable profile can use.
+    pub stranded_memory_slices: u32,
+    /// Largest profile that can be created now.
+    pub largest_creatable: Option<String>,
+    /// Instances creatable now per GI profile.
+    pub creatable: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Builds the status document from observed GPUs.
+pub fn status_doc(states: &[GpuState]) -> StatusDoc {
+    let gpus = states
+        .iter()
+        .map(|s| {
+            let mut instances = Vec::new();
+            for gi in &s.instances {
+                let gi_name = s.gi_name(gi);
+                let profile = s.profiles.by_id(gi.profile_id);
+                if gi.cis.is_empty() {
+                    instances.push(InstanceStatus {
+                        profile: gi_name.clone(),
+                        gpu_instance_profile: gi_name.clone(),
+                        placement: gi.placement,
+                        gpu_instance_id: gi.id,
+                        compute_instance_id: None,
+                        uuid: None,
+                        busy: gi.busy(),
+                        processes: gi.processes.clone(),
+                    });
+                }
+                for ci in &gi.cis {
+                    let procs: Vec<Process> = gi.processes.iter().chain(&ci.processes).cloned().collect();
+                    instances.push(InstanceStatus {
+                        profile: profile.map_or_else(|| gi_name.clone(), |p| p.device_name(ci.profile_id).to_string()),
+                        gpu_instance_profile: gi_name.clone(),
+                        placement: gi.placement,
+                        gpu_instance_id: gi.id,
+                        compute_instance_id: Some(ci.id),
+                        uuid: Some(ci.uuid.clone()),
+                        busy: !procs.is_empty(),
+                        processes: procs,
+                    });
+                }
+            }
+            let free = s.info.mig_capable.then(|| {
+                let occ = Occupancy::of(&s.profiles, s.instances.iter().map(|g| (g.profile_id, g.placement)));
+                FreeStatus {
+                    memory_slices: occ.free_memory_slices(&s.profiles),
+                    compute_slices: occ.free_compute_slices(&s.profiles),
+                    stranded_memory_slices: occ.stranded_slices(&s.profiles),
+                    largest_creatable: occ.largest_creatable(&s.profiles).map(|p| p.name.to_string()),
+                    creatable: s
+                        .profiles
+                        .profiles
+                        .iter()
+                        .map(|p| (p.name.to_string(), occ.remaining_capacity(&s.profiles, p).into()))
+                        .collect(),
+                }
+            });
+            GpuStatus {
+                index: s.info.index,
+                uuid: s.info.uuid.clone(),
+                model: s.info.model.clone(),
+                name: s.info.name.clone(),
+                bus_id: s.info.bus_id.clone(),
+                mig_capable: s.info.mig_capable,
+                mig_mode: s.mig_mode,
+                instances,
+                free,
+                processes: s.processes.clone(),
+            }
+        })
+        .collect();
+    StatusDoc { schema_version: 1, gpus }
+}
+
+fn table(doc: &StatusDoc) -> String {
+    let mut out = String::new();
+    let word = |on: bool| if on { "enabled" } else { "disabled" };
+    for g in &doc.gpus {
+        let mode = if !g.mig_capable {
+            "MIG not supported".to_string()
+        } else if g.mig_mode.current == g.mig_mode.pending {
+            format!("MIG {}", word(g.mig_mode.current))
+        } else {
+            format!("MIG {} (pending {})", word(g.mig_mode.current), word(g.mig_mode.pending))
+        };
+        let _ = writeln!(out, "GPU {}  {}  {}  {}  {}", g.index, g.model, g.uuid, g.bus_id, mode);
+        if !g.instances.is_empty() {
+            let _ = writeln!(out, "  {:<12} {:<9} {:>3} {:>3}  {:<40}  BUSY", "PROFILE", "PLACEMENT", "GI", "CI", "UUID");
+            for i in &g.instances {
+                let busy = if i.busy {
+                    let pids: Vec<String> = i.processes.iter().map(|p| p.pid.to_string()).collect();
+                    format!("yes (pid {})", pids.join(","))
+                } else {
+                    "no".into()
+                };
+                let _ = writeln!(
+                    out,
+                    "  {:<12} {:<9} {:>3} {:>3}  {:<40}  {busy}",
+                    i.profile,
+                    i.placement.to_string(),
+                    i.gpu_instance_id,
+                    i.compute_instance_id.map_or("-".to_string(), |c| c.to_string()),
+                    i.uuid.as_deref().unwrap_or("-"),
+                );
+            }
+        }
+        if let Some(f) = &g.free {
+            let _ = writeln!(
+                out,
+                "  free: {} memory slices, {} compute slices, {} stranded; largest creatable: {}",
+                f.memory_slices,
+                f.compute_slices,
+                f.stranded_memory_slices,
+                f.largest_creatable.as_deref().unwrap_or("none")
+            );
+        }
+        if !g.processes.is_empty() {
+            let pids: Vec<String> = g.processes.iter().map(|p| p.pid.to_string()).collect();
+            let _ = writeln!(out, "  processes: {}", pids.join(", "));
+        }
+    }
+    out
+}
+
+/// Runs `status`.
+pub fn run(g: &GlobalArgs, a: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let backend = open_backend(g)?;
+    let states = backend.observe_all().context("reading the GPUs")?;
+    let doc = status_doc(&states);
+    match a.output {
+        StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
+        StatusFormat::Table => print!("{}", table(&doc)),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,37 @@
+//! `gpupart validate`: offline check of a config file; lists every problem.
+
+use super::read_config;
+use crate::cli::{GlobalArgs, ValidateArgs};
+use crate::mig::catalog::Model;
+use crate::mig::sim::parse_spec;
+use std::process::ExitCode;
+
+/// Runs `validate`.
+pub fn run(g: &GlobalArgs, a: &ValidateArgs) -> anyhow::Result<ExitCode> {
+    let file = read_config(&a.config_file)?;
+    let spec = a.gpu.as_deref().or(g.simulate.as_deref());
+    let node: Option<Vec<&'static Model>> = match spec {
+        Some(s) => Some(
+            parse_spec(s)?
+                .into_iter()
+                .flat_map(|(m, n)| std::iter::repeat_n(m, n as usize))
+                .collect(),
+        ),
+        None => None,
+    };
+    let problems = crate::validate::validate(&file, a.selected_config.as_deref(), node.as_deref()).map_err(anyhow::Error::msg)?;
+    let checked = a.selected_config.as_ref().map_or(file.configs.len(), |_| 1);
+    let against = match &node {
+        Some(n) => format!("a node of {} GPU(s)", n.len()),
+        None => "every catalog model".to_string(),
+    };
+    if problems.is_empty() {
+        println!("OK: {checked} config(s) checked against {against}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for p in &problems {
+        println!("{p}");
+    }
+    eprintln!("error: {} problem(s) in {checked} config(s) checked against {against}", problems.len());
+    Ok(ExitCode::FAILURE)
+}

@@ -1,0 +1,362 @@
+//! Runs planned jobs through a backend: MIG mode first (with a per-GPU reset only where the
+//! mode stays pending and the GPU is idle), then destroy CIs and GIs, then create GIs at their
+//! placements and their CIs, then re-read the GPU and verify it. GPUs run concurrently, bounded
+//! by `parallel`; the steps on one GPU stay in order. A failure stops that GPU only, after undoing
+//! the GPU instance it was creating, and the report lists exactly what was changed.
+
+use crate::backend::{BackendError, GpuBackend, ModeActivation};
+use crate::layout::DesiredDevices;
+use crate::mig::Placement;
+use crate::prepare::{Job, Target};
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One change made to a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// MIG mode requested.
+    SetMigMode(bool),
+    /// The GPU was reset to apply a pending MIG mode.
+    Reset,
+    /// A compute instance was destroyed.
+    DestroyCi { gi: u32, ci: u32 },
+    /// A GPU instance was destroyed.
+    DestroyGi { gi: u32, name: String, placement: Placement },
+    /// A GPU instance was created.
+    CreateGi { gi: u32, name: String, placement: Placement },
+    /// A compute instance was created.
+    CreateCi { gi: u32, ci: u32, name: String },
+    /// A GPU instance created in the failed step was destroyed again.
+    RolledBack { gi: u32, name: String, placement: Placement },
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::SetMigMode(on) => write!(f, "set MIG mode {}", if *on { "enabled" } else { "disabled" }),
+            Step::Reset => write!(f, "reset the GPU"),
+            Step::DestroyCi { gi, ci } => write!(f, "destroyed compute instance {ci} of GPU instance {gi}"),
+            Step::DestroyGi { gi, name, placement } => write!(f, "destroyed {name}@{} (GPU instance {gi})", placement.start),
+            Step::CreateGi { gi, name, placement } => write!(f, "created {name}@{} (GPU instance {gi})", placement.start),
+            Step::CreateCi { gi, ci, name } => write!(f, "created {name} (compute instance {ci} of GPU instance {gi})"),
+            Step::RolledBack { gi, name, placement } => {
+                write!(f, "rolled back {name}@{} (GPU instance {gi})", placement.start)
+            }
+        }
+    }
+}
+
+/// Why a GPU's job failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// A backend call failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The MIG mode is pending and the GPU cannot be reset now.
+    #[error("reset required: MIG mode {mode} is pending until GPU {gpu} is reset, and {reason}")]
+    ResetRequired {
+        /// GPU index.
+        gpu: u32,
+        /// `enabled` or `disabled`.
+        mode: &'static str,
+        /// Why the reset was not done.
+        reason: String,
+    },
+    /// The driver refused the mode change because the GPU is in use.
+    #[error("GPU {gpu}: MIG mode change refused, the GPU is in use ({detail})")]
+    ModeInUse {
+        /// GPU index.
+        gpu: u32,
+        /// Processes or instances in the way.
+        detail: String,
+    },
+    /// The GPU does not match the plan after applying it.
+    #[error("GPU {gpu}: verification failed: {detail}")]
+    Verify {
+        /// GPU index.
+        gpu: u32,
+        /// The difference.
+        detail: String,
+    },
+}
+
+/// How one GPU's job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing needed doing.
+    Unchanged,
+    /// Changes were made and verified.
+    Applied,
+    /// Dry run: nothing was done.
+    DryRun,
+    /// Failed; `steps` lists what was changed before.
+    Failed(ExecError),
+}
+
+/// The result for one GPU.
+#[derive(Debug, Clone)]
+pub struct GpuReport {
+    /// GPU index.
+    pub gpu: u32,
+    /// Changes made, in order.
+    pub steps: Vec<Step>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Wall time spent on this GPU.
+    pub elapsed: Duration,
+}
+
+/// Options for [`execute`].
+#[derive(Debug, Clone, Copy)]
+pub struct ExecOptions {
+    /// Plan only.
+    pub dry_run: bool,
+    /// GPUs changed at once.
+    pub parallel: usize,
+    /// Never reset GPUs; a pending mode is then reported as "reset required".
+    pub skip_reset: bool,
+}
+
+/// Runs all jobs, up to `parallel` GPUs at a time; reports come back in job order.
+pub fn execute(backend: &dyn GpuBackend, jobs: &[Job], opts: ExecOptions) -> Vec<GpuReport> {
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<GpuReport>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let workers = opts.parallel.clamp(1, jobs.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(job) = jobs.get(i) else { break };
+                let span = tracing::info_span!("gpu", index = job.state.info.index);
+                let report = span.in_scope(|| run_job(backend, job, opts));
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .zip(jobs)
+        .map(|(slot, job)| {
+            slot.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or_else(|| GpuReport {
+                gpu: job.state.info.index,
+                steps: Vec::new(),
+                outcome: Outcome::Failed(ExecError::Verify {
+                    gpu: job.state.info.index,
+                    detail: "worker ended without a report".into(),
+                }),
+                elapsed: Duration::ZERO,
+            })
+        })
+        .collect()
+}
+
+struct Run<'a> {
+    backend: &'a dyn GpuBackend,
+    gpu: u32,
+    steps: Vec<Step>,
+    skip_reset: bool,
+}
+
+fn run_job(backend: &dyn GpuBackend, job: &Job, opts: ExecOptions) -> GpuReport {
+    let start = Instant::now();
+    let gpu = job.state.info.index;
+    let outcome = if job.is_noop() {
+        Outcome::Unchanged
+    } else if opts.dry_run {
+        Outcome::DryRun
+    } else {
+        tracing::info!(model = %job.state.info.model, "reconfiguring");
+        let mut run = Run {
+            backend,
+            gpu,
+            steps: Vec::new(),
+            skip_reset: opts.skip_reset,
+        };
+        let result = run.apply(job);
+        let steps = std::mem::take(&mut run.steps);
+        let report = GpuReport {
+            gpu,
+            steps,
+            outcome: match result {
+                Ok(()) => Outcome::Applied,
+                Err(e) => Outcome::Failed(e),
+            },
+            elapsed: start.elapsed(),
+        };
+        match &report.outcome {
+            Outcome::Failed(e) => tracing::error!(error = %e, changes = report.steps.len(), "failed"),
+            _ => tracing::info!(changes = report.steps.len(), ms = report.elapsed.as_millis() as u64, "done"),
+        }
+        return report;
+    };
+    GpuReport {
+        gpu,
+        steps: Vec::new(),
+        outcome,
+        elapsed: start.elapsed(),
+    }
+}
+
+impl Run<'_> {
+    fn apply(&mut self, job: &Job) -> Result<(), ExecError> {
+        if job.mode_change == Some(true) {
+            self.set_mode(true)?;
+        }
+        if let Some(plan) = &job.plan {
+            for d in &plan.destroy {
+                for &ci in &d.ci_ids {
+                    self.backend.destroy_compute_instance(self.gpu, d.gi_id, ci)?;
+                    self.steps.push(Step::DestroyCi { gi: d.gi_id, ci });
+                }
+                self.backend.destroy_gpu_instance(self.gpu, d.gi_id)?;
+                tracing::info!(gi = d.gi_id, profile = %d.name, start = d.placement.start, "destroyed GPU instance");
+                self.steps.push(Step::DestroyGi {
+                    gi: d.gi_id,
+                    name: d.name.clone(),
+                    placement: d.placement,
+                });
+            }
+            for c in &plan.create {
+                self.create(c)?;
+            }
+        }
+        if job.mode_change == Some(false) {
+            self.set_mode(false)?;
+        }
+        self.verify(job)
+    }
+
+    fn set_mode(&mut self, enabled: bool) -> Result<(), ExecError> {
+        let mode = if enabled { "enabled" } else { "disabled" };
+        let activation = self.backend.set_mig_mode(self.gpu, enabled)?;
+        self.steps.push(Step::SetMigMode(enabled));
+        tracing::info!(mode, ?activation, "MIG mode requested");
+        match activation {
+            ModeActivation::Done => Ok(()),
+            ModeActivation::InUse => {
+                let state = self.backend.observe(self.gpu)?;
+                let pids: Vec<String> = state.all_processes().map(|p| p.pid.to_string()).collect();
+                Err(ExecError::ModeInUse {
+                    gpu: self.gpu,
+                    detail: if pids.is_empty() {
+                        "the driver reports the device busy".into()
+                    } else {
+                        format!("pids {}", pids.join(", "))
+                    },
+                })
+            }
+            ModeActivation::RebootRequired => Err(ExecError::ResetRequired {
+                gpu: self.gpu,
+                mode,
+                reason: "the platform exposes no GPU reset (a reboot is required)".into(),
+            }),
+            ModeActivation::PendingReset => {
+                if self.skip_reset {
+                    return Err(ExecError::ResetRequired {
+                        gpu: self.gpu,
+                        mode,
+                        reason: "--skip-reset was given".into(),
+                    });
+                }
+                let state = self.backend.observe(self.gpu)?;
+                let pids: Vec<String> = state.all_processes().map(|p| p.pid.to_string()).collect();
+                if !pids.is_empty() {
+                    return Err(ExecError::ResetRequired {
+                        gpu: self.gpu,
+                        mode,
+                        reason: format!("it has running processes (pids {})", pids.join(", ")),
+                    });
+                }
+                self.backend.reset_gpu(self.gpu)?;
+                self.steps.push(Step::Reset);
+                tracing::info!("GPU reset");
+                let after = self.backend.observe(self.gpu)?;
+                if after.mig_mode.current != enabled {
+                    return Err(ExecError::ResetRequired {
+                        gpu: self.gpu,
+                        mode,
+                        reason: "the reset did not apply it".into(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn create(&mut self, c: &crate::plan::CreateGi) -> Result<(), ExecError> {
+        let gi = self.backend.create_gpu_instance(self.gpu, c.profile_id, c.placement)?;
+        tracing::info!(gi, profile = %c.name, start = c.placement.start, "created GPU instance");
+        self.steps.push(Step::CreateGi {
+            gi,
+            name: c.name.clone(),
+            placement: c.placement,
+        });
+        let mut made = Vec::new();
+        for ((ci_profile, placement), name) in c.cis.iter().zip(&c.device_names) {
+            match self.backend.create_compute_instance(self.gpu, gi, *ci_profile, *placement) {
+                Ok(ci) => {
+                    made.push(ci);
+                    self.steps.push(Step::CreateCi { gi, ci, name: name.clone() });
+                }
+                Err(e) => {
+                    self.roll_back(gi, &made, c);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes a half-created GPU instance; failures are logged, the original error is kept.
+    fn roll_back(&mut self, gi: u32, cis: &[u32], c: &crate::plan::CreateGi) {
+        for &ci in cis.iter().rev() {
+            match self.backend.destroy_compute_instance(self.gpu, gi, ci) {
+                Ok(()) => self.steps.push(Step::DestroyCi { gi, ci }),
+                Err(e) => tracing::error!(error = %e, gi, ci, "rollback failed"),
+            }
+        }
+        match self.backend.destroy_gpu_instance(self.gpu, gi) {
+            Ok(()) => self.steps.push(Step::RolledBack {
+                gi,
+                name: c.name.clone(),
+                placement: c.placement,
+            }),
+            Err(e) => tracing::error!(error = %e, gi, "rollback failed"),
+        }
+    }
+
+    fn verify(&self, job: &Job) -> Result<(), ExecError> {
+        let state = self.backend.observe(self.gpu)?;
+        let fail = |detail: String| Err(ExecError::Verify { gpu: self.gpu, detail });
+        let (want_mode, want_devices) = match &job.target {
+            Target::Leave { .. } => return Ok(()),
+            Target::MigDisabled => (false, DesiredDevices::default()),
+            Target::MigEnabled { devices } => (true, devices.clone()),
+        };
+        if state.info.mig_capable && state.mig_mode.current != want_mode {
+            return fail(format!("MIG mode is {} after applying", if state.mig_mode.current { "enabled" } else { "disabled" }));
+        }
+        if job.plan.is_none() {
+            return Ok(());
+        }
+        let have = DesiredDevices::from_keys(state.instances.iter().flat_map(|g| g.cis.iter().map(|c| (g.profile_id, c.profile_id))));
+        if have != want_devices {
+            return fail(format!(
+                "has {}, expected {}",
+                have.describe(&state.profiles),
+                want_devices.describe(&state.profiles)
+            ));
+        }
+        for c in job.plan.iter().flat_map(|p| &p.create) {
+            if !state.instances.iter().any(|g| g.profile_id == c.profile_id && g.placement == c.placement) {
+                return fail(format!("{}@{} is missing", c.name, c.placement.start));
+            }
+        }
+        if state.instances.iter().any(|g| g.cis.is_empty()) {
+            return fail("a GPU instance without compute instances is present".into());
+        }
+        Ok(())
+    }
+}

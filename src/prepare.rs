@@ -1,0 +1,156 @@
+//! Desired vs. observed for a whole node: selects the config entry of each GPU, resolves its
+//! profile names and plans it. Pure; every problem on every GPU is collected before anything is
+//! touched, so a bad config never leaves a node half-changed.
+
+use crate::config::{select, GpuIdent, MigConfig, Selection};
+use crate::layout::DesiredDevices;
+use crate::observed::GpuState;
+use crate::plan::{plan, Plan, PlanError};
+use std::fmt;
+
+/// What a config asks of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Leave the GPU alone (not selected, or `mig-enabled: true` on a GPU without MIG).
+    Leave {
+        /// Why.
+        reason: String,
+    },
+    /// MIG disabled.
+    MigDisabled,
+    /// MIG enabled with these devices.
+    MigEnabled {
+        /// The wanted devices.
+        devices: DesiredDevices,
+    },
+}
+
+/// The work for one GPU.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The GPU as observed when planning.
+    pub state: GpuState,
+    /// What the config wants.
+    pub target: Target,
+    /// The MIG mode to set first (enable) or last (disable), when it must change.
+    pub mode_change: Option<bool>,
+    /// Instances to keep, destroy and create (`None` when instances are not touched).
+    pub plan: Option<Plan>,
+}
+
+impl Job {
+    /// Whether nothing needs doing.
+    pub fn is_noop(&self) -> bool {
+        self.mode_change.is_none() && self.plan.as_ref().is_none_or(Plan::is_noop)
+    }
+}
+
+/// Everything wrong with applying a config to a node, one line per problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PrepareError {
+    /// The problems.
+    pub problems: Vec<String>,
+    /// Whether the only problems are busy instances (so `--force` would help).
+    pub blocked: bool,
+}
+
+impl fmt::Display for PrepareError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problems.join("\n"))
+    }
+}
+
+/// The selection identity of an observed GPU.
+pub fn ident(s: &GpuState) -> GpuIdent {
+    GpuIdent {
+        index: s.info.index,
+        device_id: s.info.pci_device_id,
+        subsystem_id: s.info.pci_subsystem_id,
+        mig_capable: s.info.mig_capable,
+        model: s.info.model.clone(),
+    }
+}
+
+/// Resolves what `config` wants of each GPU (names resolved on each GPU's own profile table).
+pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, PrepareError> {
+    let idents: Vec<GpuIdent> = states.iter().map(ident).collect();
+    let selections = select(config, &idents).map_err(|e| PrepareError {
+        problems: vec![e.to_string()],
+        blocked: false,
+    })?;
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for (s, sel) in states.iter().zip(selections) {
+        out.push(match sel {
+            Selection::Unselected => Target::Leave {
+                reason: format!("not selected by config '{}'", config.name),
+            },
+            Selection::SkippedNoMig { .. } => Target::Leave {
+                reason: format!("{} does not support MIG", s.info.model),
+            },
+            Selection::Disabled { .. } => Target::MigDisabled,
+            Selection::Enabled { entry, devices } => match DesiredDevices::resolve(&s.profiles, &devices) {
+                Ok(devices) => Target::MigEnabled { devices },
+                Err(e) => {
+                    problems.push(format!(
+                        "GPU {} ({}): config '{}', entry {entry}, key 'mig-devices': {e}",
+                        s.info.index, s.info.model, config.name
+                    ));
+                    continue;
+                }
+            },
+        });
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(PrepareError { problems, blocked: false })
+    }
+}
+
+/// Plans every GPU. `mode_only` changes MIG modes but leaves instances of enabled GPUs alone.
+pub fn prepare(states: Vec<GpuState>, config: &MigConfig, force: bool, mode_only: bool) -> Result<Vec<Job>, PrepareError> {
+    let targets = targets(&states, config)?;
+    let mut jobs = Vec::new();
+    let mut problems = Vec::new();
+    let mut all_blocked = true;
+    for (state, target) in states.into_iter().zip(targets) {
+        let (mode_change, desired) = match &target {
+            Target::Leave { .. } => (None, None),
+            Target::MigDisabled if !state.info.mig_capable => (None, None),
+            Target::MigDisabled => {
+                let change = (state.mig_mode.current || state.mig_mode.pending).then_some(false);
+                (change, Some(DesiredDevices::default()))
+            }
+            Target::MigEnabled { devices } => {
+                let change = (!state.mig_mode.current || !state.mig_mode.pending).then_some(true);
+                (change, (!mode_only).then(|| devices.clone()))
+            }
+        };
+        let plan = match desired {
+            None => None,
+            Some(d) => match plan(&state.profiles, &state.instances, &d, force) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    all_blocked &= matches!(e, PlanError::Blocked { .. });
+                    problems.push(format!("GPU {} ({}): {e}", state.info.index, state.info.model));
+                    None
+                }
+            },
+        };
+        jobs.push(Job {
+            state,
+            target,
+            mode_change,
+            plan,
+        });
+    }
+    if problems.is_empty() {
+        Ok(jobs)
+    } else {
+        Err(PrepareError {
+            problems,
+            blocked: all_blocked,
+        })
+    }
+}

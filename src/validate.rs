@@ -1,0 +1,128 @@
+//! Offline validation of a config file against the catalog: unknown profiles for the models an
+//! entry selects, counts over instanceCount, infeasible layouts, device indices out of range.
+//! Pure: the caller supplies the node (or none, meaning "every catalog model").
+
+use crate::config::{select, ConfigFile, DeviceSpec, Devices, GpuIdent, MigConfig, Selection};
+use crate::layout::DesiredDevices;
+use crate::mig::catalog::{self, Model};
+use crate::plan::plan;
+
+/// Checks one entry's MIG devices on one model; `None` when they fit.
+fn check_on_model(model: &Model, spec: &DeviceSpec) -> Option<String> {
+    let table = model.profile_table();
+    let desired = match DesiredDevices::resolve(&table, &spec.mig_devices) {
+        Ok(d) => d,
+        Err(e) => return Some(e.to_string()),
+    };
+    plan(&table, &[], &desired, false).err().map(|e| e.to_string())
+}
+
+fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, problems: &mut Vec<String>) {
+    let at = format!("config '{}', entry {entry}", config.name);
+    let filtered: Vec<&'static Model> = catalog::models()
+        .filter(|m| spec.filter.iter().any(|f| f.device_id == m.pci_device_id))
+        .collect();
+    if !spec.mig_enabled {
+        return;
+    }
+    if !spec.filter.is_empty() {
+        if matches!(spec.devices, Devices::Indices(_)) {
+            if let Some(m) = filtered.iter().find(|m| !m.mig_capable()) {
+                problems.push(format!("{at}, key 'mig-enabled': {} does not support MIG", m.id));
+            }
+        }
+        for m in filtered.iter().filter(|m| m.mig_capable()) {
+            if let Some(p) = check_on_model(m, spec) {
+                problems.push(format!("{at}, key 'mig-devices': on {}: {p}", m.id));
+            }
+        }
+        return;
+    }
+    if spec.mig_devices.is_empty() {
+        return;
+    }
+    // No filter: the entry is meant for whichever models know its profile names.
+    let mut fits_somewhere = false;
+    let mut infeasible = Vec::new();
+    for m in catalog::models().filter(|m| m.mig_capable()) {
+        let table = m.profile_table();
+        if DesiredDevices::resolve(&table, &spec.mig_devices).is_err() {
+            continue;
+        }
+        match check_on_model(m, spec) {
+            None => fits_somewhere = true,
+            Some(p) => infeasible.push(format!("{at}, key 'mig-devices': on {}: {p}", m.id)),
+        }
+    }
+    if !fits_somewhere && infeasible.is_empty() {
+        let names: Vec<String> = spec.mig_devices.iter().map(|(n, _)| n.to_string()).collect();
+        problems.push(format!(
+            "{at}, key 'mig-devices': no known GPU model supports all of {}",
+            names.join(", ")
+        ));
+    }
+    problems.extend(infeasible);
+}
+
+fn check_on_node(config: &MigConfig, node: &[(&'static Model, GpuIdent)], problems: &mut Vec<String>) {
+    let idents: Vec<GpuIdent> = node.iter().map(|(_, i)| i.clone()).collect();
+    let selections = match select(config, &idents) {
+        Ok(s) => s,
+        Err(e) => {
+            problems.push(e.to_string());
+            return;
+        }
+    };
+    let mut seen = Vec::new();
+    for ((model, ident), sel) in node.iter().zip(selections) {
+        if let Selection::Enabled { entry, .. } = sel {
+            if seen.contains(&(entry, model.id)) {
+                continue;
+            }
+            seen.push((entry, model.id));
+            if let Some(p) = check_on_model(model, &config.specs[entry]) {
+                problems.push(format!(
+                    "config '{}', entry {entry}, key 'mig-devices': on GPU {} ({}): {p}",
+                    config.name, ident.index, model.id
+                ));
+            }
+        }
+    }
+}
+
+/// Validates `file` (or only config `only`); `node` is the GPUs to check against, in index
+/// order, or `None` for every catalog model. Returns every problem found.
+pub fn validate(file: &ConfigFile, only: Option<&str>, node: Option<&[&'static Model]>) -> Result<Vec<String>, String> {
+    let configs: Vec<&MigConfig> = match only {
+        Some(name) => vec![file.choose(Some(name)).map_err(|e| e.to_string())?],
+        None => file.configs.iter().collect(),
+    };
+    let node: Option<Vec<(&'static Model, GpuIdent)>> = node.map(|models| {
+        models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let ident = GpuIdent {
+                    index: i as u32,
+                    device_id: m.pci_device_id,
+                    subsystem_id: None,
+                    mig_capable: m.mig_capable(),
+                    model: m.id.to_string(),
+                };
+                (*m, ident)
+            })
+            .collect()
+    });
+    let mut problems = Vec::new();
+    for config in configs {
+        match &node {
+            Some(n) => check_on_node(config, n, &mut problems),
+            None => {
+                for (entry, spec) in config.specs.iter().enumerate() {
+                    check_entry_offline(config, entry, spec, &mut problems);
+                }
+            }
+        }
+    }
+    Ok(problems)
+}
