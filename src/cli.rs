@@ -152,6 +152,9 @@ pub struct ValidateArgs {
     /// Check against this node instead of every catalog model: MODEL[:COUNT][,…].
     #[arg(long, value_name = "SPEC")]
     pub gpu: Option<String>,
+    /// Treat warnings (entries no catalog model can check) as problems.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// `status` options.

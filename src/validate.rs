@@ -17,7 +17,16 @@ fn check_on_model(model: &Model, spec: &DeviceSpec) -> Option<String> {
     plan(&table, &[], &desired, false).err().map(|e| e.to_string())
 }
 
-fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, problems: &mut Vec<String>) {
+/// What validation found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Findings {
+    /// Errors: the config cannot work on a model it selects.
+    pub problems: Vec<String>,
+    /// Things that could not be checked (models the catalog does not know).
+    pub warnings: Vec<String>,
+}
+
+fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, found: &mut Findings) {
     let at = format!("config '{}', entry {entry}", config.name);
     let filtered: Vec<&'static Model> = catalog::models()
         .filter(|m| spec.filter.iter().any(|f| f.device_id == m.pci_device_id))
@@ -26,14 +35,18 @@ fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, prob
         return;
     }
     if !spec.filter.is_empty() {
+        if filtered.is_empty() {
+            let ids: Vec<String> = spec.filter.iter().map(ToString::to_string).collect();
+            found.warnings.push(format!("{at}, key 'device-filter': not checked, no catalog model has {}", ids.join(", ")));
+        }
         if matches!(spec.devices, Devices::Indices(_)) {
             if let Some(m) = filtered.iter().find(|m| !m.mig_capable()) {
-                problems.push(format!("{at}, key 'mig-enabled': {} does not support MIG", m.id));
+                found.problems.push(format!("{at}, key 'mig-enabled': {} does not support MIG", m.id));
             }
         }
         for m in filtered.iter().filter(|m| m.mig_capable()) {
             if let Some(p) = check_on_model(m, spec) {
-                problems.push(format!("{at}, key 'mig-devices': on {}: {p}", m.id));
+                found.problems.push(format!("{at}, key 'mig-devices': on {}: {p}", m.id));
             }
         }
         return;
@@ -56,12 +69,12 @@ fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, prob
     }
     if !fits_somewhere && infeasible.is_empty() {
         let names: Vec<String> = spec.mig_devices.iter().map(|(n, _)| n.to_string()).collect();
-        problems.push(format!(
-            "{at}, key 'mig-devices': no known GPU model supports all of {}",
+        found.warnings.push(format!(
+            "{at}, key 'mig-devices': not checked, no catalog model has {}",
             names.join(", ")
         ));
     }
-    problems.extend(infeasible);
+    found.problems.extend(infeasible);
 }
 
 fn check_on_node(config: &MigConfig, node: &[(&'static Model, GpuIdent)], problems: &mut Vec<String>) {
@@ -92,7 +105,7 @@ fn check_on_node(config: &MigConfig, node: &[(&'static Model, GpuIdent)], proble
 
 /// Validates `file` (or only config `only`); `node` is the GPUs to check against, in index
 /// order, or `None` for every catalog model. Returns every problem found.
-pub fn validate(file: &ConfigFile, only: Option<&str>, node: Option<&[&'static Model]>) -> Result<Vec<String>, String> {
+pub fn validate(file: &ConfigFile, only: Option<&str>, node: Option<&[&'static Model]>) -> Result<Findings, String> {
     let configs: Vec<&MigConfig> = match only {
         Some(name) => vec![file.choose(Some(name)).map_err(|e| e.to_string())?],
         None => file.configs.iter().collect(),
@@ -113,16 +126,16 @@ pub fn validate(file: &ConfigFile, only: Option<&str>, node: Option<&[&'static M
             })
             .collect()
     });
-    let mut problems = Vec::new();
+    let mut found = Findings::default();
     for config in configs {
         match &node {
-            Some(n) => check_on_node(config, n, &mut problems),
+            Some(n) => check_on_node(config, n, &mut found.problems),
             None => {
                 for (entry, spec) in config.specs.iter().enumerate() {
-                    check_entry_offline(config, entry, spec, &mut problems);
+                    check_entry_offline(config, entry, spec, &mut found);
                 }
             }
         }
     }
-    Ok(problems)
+    Ok(found)
 }

@@ -19,14 +19,21 @@ pub fn run(g: &GlobalArgs, a: &ValidateArgs) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
-    let problems = crate::validate::validate(&file, a.selected_config.as_deref(), node.as_deref()).map_err(anyhow::Error::msg)?;
+    let found = crate::validate::validate(&file, a.selected_config.as_deref(), node.as_deref()).map_err(anyhow::Error::msg)?;
+    for w in &found.warnings {
+        println!("warning: {w}");
+    }
+    let mut problems = found.problems;
+    if a.strict {
+        problems.extend(found.warnings.iter().cloned());
+    }
     let checked = a.selected_config.as_ref().map_or(file.configs.len(), |_| 1);
     let against = match &node {
         Some(n) => format!("a node of {} GPU(s)", n.len()),
         None => "every catalog model".to_string(),
     };
     if problems.is_empty() {
-        println!("OK: {checked} config(s) checked against {against}");
+        println!("OK: {checked} config(s) checked against {against}, {} warning(s)", found.warnings.len());
         return Ok(ExitCode::SUCCESS);
     }
     for p in &problems {

@@ -1,0 +1,278 @@
+//! End-to-end tests of the real binary on simulated GPUs (`--simulate`, `--sim-state`).
+
+mod support;
+
+use support::{example_config, gpupart, layout, nvidia_config, Node};
+
+#[test]
+fn apply_assert_export_round_trip() {
+    let node = Node::new("A100-SXM4-80GB:8");
+    let cfg = example_config();
+    node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).failed();
+    let out = node.apply(&cfg, "all-balanced");
+    assert!(out.stdout.contains("MIG configuration applied successfully"), "{}", out.stdout);
+    let a = node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
+    assert!(a.stdout.contains("Selected MIG configuration currently applied"));
+    let status = node.status();
+    assert_eq!(status["gpus"].as_array().unwrap().len(), 8);
+    let g0 = &status["gpus"][0];
+    assert_eq!(g0["mig_mode"]["current"], true);
+    assert_eq!(g0["instances"].as_array().unwrap().len(), 4);
+    assert!(g0["instances"][0]["uuid"].as_str().unwrap().starts_with("MIG-"));
+
+    // Export, then apply the export on a fresh node: the same layout, placements included.
+    let exported = node.run(&["export"]).ok().stdout;
+    assert!(exported.contains("# gpupart placements GPU 0:"), "{exported}");
+    let fresh = Node::new("A100-SXM4-80GB:8");
+    let file = fresh.config("export.yaml", &exported);
+    fresh.apply(&file, "current");
+    fresh.run(&["assert", "-f", &file, "-c", "current"]).ok();
+    node.run(&["assert", "-f", &file]).ok();
+    assert_eq!(layout(&fresh.status()), layout(&status));
+    // JSON export parses as a config too.
+    let json = node.run(&["export", "-o", "json", "-l", "snap"]).ok().stdout;
+    let jf = node.config("export.json", &json);
+    node.run(&["assert", "-f", &jf, "-c", "snap"]).ok();
+}
+
+#[test]
+fn second_apply_changes_nothing() {
+    let node = Node::new("H100-SXM5-80GB:2");
+    let cfg = example_config();
+    node.apply(&cfg, "mixed-3g-2g");
+    let before = std::fs::read(&node.state).unwrap();
+    let again = node.apply(&cfg, "mixed-3g-2g");
+    assert_eq!(again.stdout.matches("already applied").count(), 2, "{}", again.stdout);
+    assert!(again.stdout.contains("destroyed 0, created 0"));
+    assert_eq!(std::fs::read(&node.state).unwrap(), before, "state file untouched");
+}
+
+#[test]
+fn reconfiguration_keeps_what_can_stay() {
+    let node = Node::new("A100-SXM4-80GB:1");
+    let cfg = example_config();
+    node.apply(&cfg, "all-balanced");
+    let before = node.status();
+    let out = node.apply(&cfg, "mixed-3g-2g");
+    assert!(out.stdout.contains("destroyed 2, created 1"), "{}", out.stdout);
+    let after = node.status();
+    let uuids = |s: &serde_json::Value| -> Vec<String> {
+        s["gpus"][0]["instances"].as_array().unwrap().iter().map(|i| i["uuid"].as_str().unwrap().to_string()).collect()
+    };
+    let kept = uuids(&before).into_iter().filter(|u| uuids(&after).contains(u)).count();
+    assert_eq!(kept, 2, "the 3g.40gb and 2g.20gb MIG devices survive with their UUIDs");
+}
+
+#[test]
+fn busy_instances_block_and_nothing_changes() {
+    let node = Node::new("A100-SXM4-80GB:2");
+    let cfg = example_config();
+    node.apply(&cfg, "all-1g.10gb");
+    let gi = node.load().gpus[1].gpu_instances.iter().find(|g| g.placement.start == 4).unwrap().id;
+    node.attach(1, gi, 31337);
+    let before = node.load();
+    let r = node.run(&["apply", "-f", &cfg, "-c", "all-balanced"]).failed();
+    let text = r.all();
+    assert!(text.contains("nothing was changed"), "{text}");
+    assert!(text.contains("GPU 1") && text.contains("31337 (vllm)"), "{text}");
+    assert!(text.contains("--force"), "{text}");
+    assert_eq!(node.load(), before, "no GPU was touched, not even the idle one");
+    // A layout that keeps the busy instance where it is goes through.
+    let keep = node.config(
+        "keep.yaml",
+        "version: v1\nmig-configs:\n  k:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 5, \"2g.20gb\": 1}\n",
+    );
+    let out = node.apply(&keep, "k");
+    assert!(out.stdout.contains("destroyed 4, created 2"), "{}", out.stdout);
+    assert!(node.load().gpus[1].gpu_instances.iter().any(|g| g.id == gi));
+    // --force gets past the planner, but the driver still refuses to destroy a busy instance.
+    let r = node.run(&["apply", "-f", &cfg, "-c", "all-balanced", "--force"]).failed();
+    assert!(r.all().contains("NVML_ERROR_IN_USE"), "{}", r.all());
+}
+
+#[test]
+fn infeasible_and_unknown_layouts_are_refused_before_anything_changes() {
+    let node = Node::new("A100-SXM4-80GB:2");
+    let bad = node.config(
+        "bad.yaml",
+        "version: v1\nmig-configs:\n  three:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 3}\n  \
+         unknown:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.20gb\": 1}\n  \
+         range:\n    - devices: [5]\n      mig-enabled: false\n",
+    );
+    let before = std::fs::read(&node.state).unwrap();
+    let r = node.run(&["apply", "-f", &bad, "-c", "three"]).failed();
+    assert!(r.all().contains("needs 3 GPU instances of 3g.40gb but the GPU allows 2"), "{}", r.all());
+    let r = node.run(&["apply", "-f", &bad, "-c", "unknown"]).failed();
+    assert!(r.all().contains("unsupported MIG device specified 3g.20gb, expected one of 1g.10gb"), "{}", r.all());
+    let r = node.run(&["apply", "-f", &bad, "-c", "range"]).failed();
+    assert!(r.all().contains("device index 5 is out of range (the node has 2 GPUs)"), "{}", r.all());
+    let r = node.run(&["apply", "-f", &bad]).failed();
+    assert!(r.all().contains("choose one with -c"), "{}", r.all());
+    let r = node.run(&["apply", "-f", &bad, "-c", "nope"]).failed();
+    assert!(r.all().contains("unknown config 'nope'"), "{}", r.all());
+    assert_eq!(std::fs::read(&node.state).unwrap(), before);
+}
+
+#[test]
+fn mixed_node_with_gpus_without_mig() {
+    let node = Node::new("A100-SXM4-80GB:2,V100-SXM2-16GB:2");
+    let cfg = example_config();
+    let out = node.apply(&cfg, "all-balanced");
+    assert!(out.stdout.contains("GPU 2 V100-SXM2-16GB") && out.stdout.contains("left alone"), "{}", out.stdout);
+    // mig-parted semantics: V100s not covered by a filter do not count against assert.
+    node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
+    let s = node.status();
+    assert_eq!(s["gpus"][3]["mig_capable"], false);
+    assert!(s["gpus"][3]["free"].is_null());
+    // Export uses device filters on a mixed node and re-applies cleanly.
+    let exported = node.run(&["export"]).ok().stdout;
+    assert!(exported.contains("device-filter: \"0x1DB110DE\""), "{exported}");
+    let f = node.config("e.yaml", &exported);
+    node.run(&["assert", "-f", &f]).ok();
+    // Disabling MIG on an Ampere GPU needs its own reset only.
+    node.apply(&cfg, "all-disabled");
+    let st = node.load();
+    assert!(st.gpus.iter().all(|g| !g.mig_mode.current && g.gpu_instances.is_empty()));
+}
+
+#[test]
+fn mig_mode_reset_only_where_needed() {
+    let node = Node::new("A100-SXM4-40GB:1,H100-SXM5-80GB:1");
+    let cfg = node.config(
+        "on.yaml",
+        "version: v1\nmig-configs:\n  on:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {}\n",
+    );
+    // A process on the Ampere GPU: its pending mode cannot be applied by a reset.
+    let mut s = node.load();
+    s.gpus[0].processes.push(gpupart::mig::sim::SimProcess { pid: 4000, name: "dcgm".into(), used_memory_mib: 10 });
+    node.save(&s);
+    let r = node.run(&["apply", "-f", &cfg]).failed();
+    assert!(r.all().contains("reset required: MIG mode enabled is pending until GPU 0 is reset, and it has running processes (pids 4000)"), "{}", r.all());
+    let st = node.load();
+    assert!(st.gpus[0].mig_mode.pending && !st.gpus[0].mig_mode.current);
+    assert!(st.gpus[1].mig_mode.current, "Hopper switched immediately, without a reset");
+    // Once the process is gone the rerun converges.
+    let mut s = node.load();
+    s.gpus[0].processes.clear();
+    node.save(&s);
+    node.run(&["apply", "-f", &cfg]).ok();
+    node.run(&["assert", "-f", &cfg]).ok();
+    // --skip-reset leaves a pending mode as "reset required".
+    let node = Node::new("A30-24GB:1");
+    let r = node.run(&["apply", "-f", &cfg, "--skip-reset"]).failed();
+    assert!(r.all().contains("--skip-reset was given"), "{}", r.all());
+}
+
+#[test]
+fn dry_run_plans_without_touching() {
+    let node = Node::new("H200-SXM-141GB:2");
+    let cfg = node.config(
+        "h200.yaml",
+        "version: v1\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 2, \"2g.35gb\": 1, \"3g.71gb\": 1}\n",
+    );
+    let before = std::fs::read(&node.state).unwrap();
+    let out = node.run(&["apply", "-f", &cfg, "--dry-run"]).ok();
+    assert!(out.stdout.contains("create   3g.71gb@4"), "{}", out.stdout);
+    assert!(out.stdout.contains("dry run, nothing was changed"));
+    assert_eq!(std::fs::read(&node.state).unwrap(), before);
+}
+
+#[test]
+fn injected_failure_reports_changes_and_rolls_back_the_half_created_instance() {
+    let node = Node::new("A100-SXM4-80GB:1");
+    let cfg = example_config();
+    node.apply(&cfg, "all-1g.10gb");
+    // The 2nd CI creation fails: the 2g.20gb GI created for it is destroyed again.
+    let r = node
+        .run_env(
+            &["apply", "-f", &cfg, "-c", "mixed-3g-2g"],
+            &[("GPUPART_SIM_FAIL", "nvmlGpuInstanceCreateComputeInstanceWithPlacement:2:NVML_ERROR_UNKNOWN")],
+        )
+        .failed();
+    let text = r.all();
+    assert!(text.contains("NVML_ERROR_UNKNOWN (999)"), "{text}");
+    assert!(text.contains("changed before the failure:") && text.contains("rolled back"), "{text}");
+    let st = node.load();
+    assert!(st.gpus[0].gpu_instances.iter().all(|g| !g.compute_instances.is_empty()), "no half-created instance left");
+    node.apply(&cfg, "mixed-3g-2g");
+    node.run(&["assert", "-f", &cfg, "-c", "mixed-3g-2g"]).ok();
+}
+
+#[test]
+fn validate_lists_every_problem() {
+    let node = Node::new("A100-SXM4-80GB:1");
+    let bad = node.config(
+        "bad.yaml",
+        r#"version: v1
+mig-configs:
+  unknown-profile:
+    - device-filter: "0x20B210DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"3g.20gb": 1}
+  too-many:
+    - device-filter: ["0x20B210DE", "0x233010DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"2g.20gb": 4}
+  too-big:
+    - device-filter: "0x20B710DE"
+      devices: all
+      mig-enabled: true
+      mig-devices: {"2g.12gb": 2, "1g.6gb": 1}
+  out-of-range:
+    - devices: [0, 9]
+      mig-enabled: false
+"#,
+    );
+    let r = gpupart(&["validate", "-f", &bad], &[]).failed();
+    let t = r.all();
+    assert!(t.contains("config 'unknown-profile', entry 0, key 'mig-devices': on A100-SXM4-80GB: unsupported MIG device specified 3g.20gb"), "{t}");
+    assert!(t.contains("config 'too-many', entry 0, key 'mig-devices': on A100-SXM4-80GB: layout cannot fit: needs 4 GPU instances of 2g.20gb but the GPU allows 3"), "{t}");
+    assert!(t.contains("on H100-SXM5-80GB"), "{t}");
+    assert!(t.contains("config 'too-big', entry 0, key 'mig-devices': on A30-24GB: layout cannot fit: needs 5 of 4 memory slices"), "{t}");
+    assert!(t.contains("4 problem(s)"), "{t}");
+    let r = gpupart(&["validate", "-f", &bad, "-c", "out-of-range", "--gpu", "A100-SXM4-80GB:8"], &[]).failed();
+    assert!(r.all().contains("device index 9 is out of range (the node has 8 GPUs)"), "{}", r.all());
+    let ok = gpupart(&["validate", "-f", nvidia_config("default-mig-parted-config.yaml").to_str().unwrap()], &[]).ok();
+    assert!(ok.stdout.contains("OK: 81 config(s)"), "{}", ok.stdout);
+    let r = gpupart(&["validate", "-f", "/nonexistent.yaml"], &[]).failed();
+    assert!(r.stderr.contains("reading config file /nonexistent.yaml"), "{}", r.stderr);
+    let r = gpupart(&["validate", "-f", &node.config("x.yaml", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      bogus: 1\n")], &[]).failed();
+    assert!(r.stderr.contains("config 'a', entry 0, key 'bogus': unexpected field: bogus"), "{}", r.stderr);
+}
+
+#[test]
+fn commands_without_a_backend_fail_clearly() {
+    let r = gpupart(&["status"], &[]).failed();
+    assert!(r.stderr.contains("NVML backend is not available") && r.stderr.contains("--simulate"), "{}", r.stderr);
+    let r = gpupart(&["--simulate", "B200:8", "status"], &[]).failed();
+    assert!(r.stderr.contains("unknown GPU model 'B200'"), "{}", r.stderr);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("s.json");
+    std::fs::write(&bad, "{not json").unwrap();
+    let r = gpupart(&["--sim-state", bad.to_str().unwrap(), "status"], &[]).failed();
+    assert!(r.stderr.contains("invalid simulator state"), "{}", r.stderr);
+}
+
+#[test]
+fn config_from_stdin() {
+    use std::io::Write;
+    let node = Node::new("A30-24GB:1");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpupart"))
+        .args(["--sim-state", node.state.to_str().unwrap(), "apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"version: v1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.6gb\": 2, \"2g.12gb\": 1}\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(node.status()["gpus"][0]["instances"].as_array().unwrap().len(), 3);
+}
