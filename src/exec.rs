@@ -21,15 +21,48 @@ pub enum Step {
     /// The GPU was reset to apply a pending MIG mode.
     Reset,
     /// A compute instance was destroyed.
-    DestroyCi { gi: u32, ci: u32 },
+    DestroyCi {
+        /// GI id.
+        gi: u32,
+        /// CI id.
+        ci: u32,
+    },
     /// A GPU instance was destroyed.
-    DestroyGi { gi: u32, name: String, placement: Placement },
+    DestroyGi {
+        /// GI id.
+        gi: u32,
+        /// Profile name.
+        name: String,
+        /// Placement.
+        placement: Placement,
+    },
     /// A GPU instance was created.
-    CreateGi { gi: u32, name: String, placement: Placement },
+    CreateGi {
+        /// GI id.
+        gi: u32,
+        /// Profile name.
+        name: String,
+        /// Placement.
+        placement: Placement,
+    },
     /// A compute instance was created.
-    CreateCi { gi: u32, ci: u32, name: String },
+    CreateCi {
+        /// GI id.
+        gi: u32,
+        /// CI id.
+        ci: u32,
+        /// MIG device name.
+        name: String,
+    },
     /// A GPU instance created in the failed step was destroyed again.
-    RolledBack { gi: u32, name: String, placement: Placement },
+    RolledBack {
+        /// GI id.
+        gi: u32,
+        /// Profile name.
+        name: String,
+        /// Placement.
+        placement: Placement,
+    },
 }
 
 impl fmt::Display for Step {
@@ -37,9 +70,15 @@ impl fmt::Display for Step {
         match self {
             Step::SetMigMode(on) => write!(f, "set MIG mode {}", if *on { "enabled" } else { "disabled" }),
             Step::Reset => write!(f, "reset the GPU"),
-            Step::DestroyCi { gi, ci } => write!(f, "destroyed compute instance {ci} of GPU instance {gi}"),
-            Step::DestroyGi { gi, name, placement } => write!(f, "destroyed {name}@{} (GPU instance {gi})", placement.start),
-            Step::CreateGi { gi, name, placement } => write!(f, "created {name}@{} (GPU instance {gi})", placement.start),
+            Step::DestroyCi { gi, ci } => {
+                write!(f, "destroyed compute instance {ci} of GPU instance {gi}")
+            }
+            Step::DestroyGi { gi, name, placement } => {
+                write!(f, "destroyed {name}@{} (GPU instance {gi})", placement.start)
+            }
+            Step::CreateGi { gi, name, placement } => {
+                write!(f, "created {name}@{} (GPU instance {gi})", placement.start)
+            }
             Step::CreateCi { gi, ci, name } => write!(f, "created {name} (compute instance {ci} of GPU instance {gi})"),
             Step::RolledBack { gi, name, placement } => {
                 write!(f, "rolled back {name}@{} (GPU instance {gi})", placement.start)
@@ -168,12 +207,7 @@ fn run_job(backend: &dyn GpuBackend, job: &Job, opts: ExecOptions) -> GpuReport 
         Outcome::DryRun
     } else {
         tracing::info!(model = %job.state.info.model, "reconfiguring");
-        let mut run = Run {
-            backend,
-            gpu,
-            steps: Vec::new(),
-            skip_reset: opts.skip_reset,
-        };
+        let mut run = Run { backend, gpu, steps: Vec::new(), skip_reset: opts.skip_reset };
         let result = run.apply(job);
         let steps = std::mem::take(&mut run.steps);
         let report = GpuReport {
@@ -186,17 +220,14 @@ fn run_job(backend: &dyn GpuBackend, job: &Job, opts: ExecOptions) -> GpuReport 
             elapsed: start.elapsed(),
         };
         match &report.outcome {
-            Outcome::Failed(e) => tracing::error!(error = %e, changes = report.steps.len(), "failed"),
+            Outcome::Failed(e) => {
+                tracing::error!(error = %e, changes = report.steps.len(), "failed")
+            }
             _ => tracing::info!(changes = report.steps.len(), ms = report.elapsed.as_millis() as u64, "done"),
         }
         return report;
     };
-    GpuReport {
-        gpu,
-        steps: Vec::new(),
-        outcome,
-        elapsed: start.elapsed(),
-    }
+    GpuReport { gpu, steps: Vec::new(), outcome, elapsed: start.elapsed() }
 }
 
 impl Run<'_> {
@@ -212,11 +243,7 @@ impl Run<'_> {
                 }
                 self.backend.destroy_gpu_instance(self.gpu, d.gi_id)?;
                 tracing::info!(gi = d.gi_id, profile = %d.name, start = d.placement.start, "destroyed GPU instance");
-                self.steps.push(Step::DestroyGi {
-                    gi: d.gi_id,
-                    name: d.name.clone(),
-                    placement: d.placement,
-                });
+                self.steps.push(Step::DestroyGi { gi: d.gi_id, name: d.name.clone(), placement: d.placement });
             }
             for c in &plan.create {
                 self.create(c)?;
@@ -288,11 +315,7 @@ impl Run<'_> {
     fn create(&mut self, c: &crate::plan::CreateGi) -> Result<(), ExecError> {
         let gi = self.backend.create_gpu_instance(self.gpu, c.profile_id, c.placement)?;
         tracing::info!(gi, profile = %c.name, start = c.placement.start, "created GPU instance");
-        self.steps.push(Step::CreateGi {
-            gi,
-            name: c.name.clone(),
-            placement: c.placement,
-        });
+        self.steps.push(Step::CreateGi { gi, name: c.name.clone(), placement: c.placement });
         let mut made = Vec::new();
         for ((ci_profile, placement), name) in c.cis.iter().zip(&c.device_names) {
             match self.backend.create_compute_instance(self.gpu, gi, *ci_profile, *placement) {
@@ -318,11 +341,7 @@ impl Run<'_> {
             }
         }
         match self.backend.destroy_gpu_instance(self.gpu, gi) {
-            Ok(()) => self.steps.push(Step::RolledBack {
-                gi,
-                name: c.name.clone(),
-                placement: c.placement,
-            }),
+            Ok(()) => self.steps.push(Step::RolledBack { gi, name: c.name.clone(), placement: c.placement }),
             Err(e) => tracing::error!(error = %e, gi, "rollback failed"),
         }
     }
@@ -336,12 +355,17 @@ impl Run<'_> {
             Target::MigEnabled { devices } => (true, devices.clone()),
         };
         if state.info.mig_capable && state.mig_mode.current != want_mode {
-            return fail(format!("MIG mode is {} after applying", if state.mig_mode.current { "enabled" } else { "disabled" }));
+            return fail(format!(
+                "MIG mode is {} after applying",
+                if state.mig_mode.current { "enabled" } else { "disabled" }
+            ));
         }
         if job.plan.is_none() {
             return Ok(());
         }
-        let have = DesiredDevices::from_keys(state.instances.iter().flat_map(|g| g.cis.iter().map(|c| (g.profile_id, c.profile_id))));
+        let have = DesiredDevices::from_keys(
+            state.instances.iter().flat_map(|g| g.cis.iter().map(|c| (g.profile_id, c.profile_id))),
+        );
         if have != want_devices {
             return fail(format!(
                 "has {}, expected {}",

@@ -50,9 +50,8 @@ impl DesiredDevices {
         self.counts
             .iter()
             .map(|((gi, ci), n)| {
-                let name = table
-                    .by_id(*gi)
-                    .map_or_else(|| format!("profile {gi}/{ci}"), |p| p.device_name(*ci).to_string());
+                let name =
+                    table.by_id(*gi).map_or_else(|| format!("profile {gi}/{ci}"), |p| p.device_name(*ci).to_string());
                 format!("{name}×{n}")
             })
             .collect::<Vec<_>>()

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! gpupart: partitions NVIDIA GPUs (MIG, later MPS) with minimal-diff reconfiguration.
 //!
 //! Pure logic lives in [`config`], [`layout`] and [`plan`] (and the `gpupart-mig` crate, re-exported
@@ -5,14 +6,15 @@
 
 pub use gpupart_mig as mig;
 
-pub mod config;
-pub mod layout;
-pub mod observed;
-pub mod plan;
 pub mod backend;
-pub mod exec;
-pub mod prepare;
 pub mod cli;
 pub mod commands;
+pub mod config;
+pub mod exec;
+pub mod layout;
 pub mod logging;
+pub mod observed;
+pub mod plan;
+pub mod prepare;
+pub mod reconfigure;
 pub mod validate;

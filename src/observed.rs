@@ -114,9 +114,7 @@ impl GpuState {
 
     /// The profile name of a GI, or `profile <id>` when unknown.
     pub fn gi_name(&self, gi: &GiState) -> String {
-        self.profiles
-            .by_id(gi.profile_id)
-            .map_or_else(|| format!("profile {}", gi.profile_id), |p| p.name.to_string())
+        self.profiles.by_id(gi.profile_id).map_or_else(|| format!("profile {}", gi.profile_id), |p| p.name.to_string())
     }
 
     /// MIG device names present, one per compute instance.

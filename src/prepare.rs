@@ -74,20 +74,16 @@ pub fn ident(s: &GpuState) -> GpuIdent {
 /// Resolves what `config` wants of each GPU (names resolved on each GPU's own profile table).
 pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, PrepareError> {
     let idents: Vec<GpuIdent> = states.iter().map(ident).collect();
-    let selections = select(config, &idents).map_err(|e| PrepareError {
-        problems: vec![e.to_string()],
-        blocked: false,
-    })?;
+    let selections =
+        select(config, &idents).map_err(|e| PrepareError { problems: vec![e.to_string()], blocked: false })?;
     let mut out = Vec::new();
     let mut problems = Vec::new();
     for (s, sel) in states.iter().zip(selections) {
         out.push(match sel {
-            Selection::Unselected => Target::Leave {
-                reason: format!("not selected by config '{}'", config.name),
-            },
-            Selection::SkippedNoMig { .. } => Target::Leave {
-                reason: format!("{} does not support MIG", s.info.model),
-            },
+            Selection::Unselected => Target::Leave { reason: format!("not selected by config '{}'", config.name) },
+            Selection::SkippedNoMig { .. } => {
+                Target::Leave { reason: format!("{} does not support MIG", s.info.model) }
+            }
             Selection::Disabled { .. } => Target::MigDisabled,
             Selection::Enabled { entry, devices } => match DesiredDevices::resolve(&s.profiles, &devices) {
                 Ok(devices) => Target::MigEnabled { devices },
@@ -109,7 +105,12 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
 }
 
 /// Plans every GPU. `mode_only` changes MIG modes but leaves instances of enabled GPUs alone.
-pub fn prepare(states: Vec<GpuState>, config: &MigConfig, force: bool, mode_only: bool) -> Result<Vec<Job>, PrepareError> {
+pub fn prepare(
+    states: Vec<GpuState>,
+    config: &MigConfig,
+    force: bool,
+    mode_only: bool,
+) -> Result<Vec<Job>, PrepareError> {
     let targets = targets(&states, config)?;
     let mut jobs = Vec::new();
     let mut problems = Vec::new();
@@ -138,19 +139,11 @@ pub fn prepare(states: Vec<GpuState>, config: &MigConfig, force: bool, mode_only
                 }
             },
         };
-        jobs.push(Job {
-            state,
-            target,
-            mode_change,
-            plan,
-        });
+        jobs.push(Job { state, target, mode_change, plan });
     }
     if problems.is_empty() {
         Ok(jobs)
     } else {
-        Err(PrepareError {
-            problems,
-            blocked: all_blocked,
-        })
+        Err(PrepareError { problems, blocked: all_blocked })
     }
 }

@@ -28,16 +28,17 @@ pub struct Findings {
 
 fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, found: &mut Findings) {
     let at = format!("config '{}', entry {entry}", config.name);
-    let filtered: Vec<&'static Model> = catalog::models()
-        .filter(|m| spec.filter.iter().any(|f| f.device_id == m.pci_device_id))
-        .collect();
+    let filtered: Vec<&'static Model> =
+        catalog::models().filter(|m| spec.filter.iter().any(|f| f.device_id == m.pci_device_id)).collect();
     if !spec.mig_enabled {
         return;
     }
     if !spec.filter.is_empty() {
         if filtered.is_empty() {
             let ids: Vec<String> = spec.filter.iter().map(ToString::to_string).collect();
-            found.warnings.push(format!("{at}, key 'device-filter': not checked, no catalog model has {}", ids.join(", ")));
+            found
+                .warnings
+                .push(format!("{at}, key 'device-filter': not checked, no catalog model has {}", ids.join(", ")));
         }
         if matches!(spec.devices, Devices::Indices(_)) {
             if let Some(m) = filtered.iter().find(|m| !m.mig_capable()) {
@@ -69,10 +70,7 @@ fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, foun
     }
     if !fits_somewhere && infeasible.is_empty() {
         let names: Vec<String> = spec.mig_devices.iter().map(|(n, _)| n.to_string()).collect();
-        found.warnings.push(format!(
-            "{at}, key 'mig-devices': not checked, no catalog model has {}",
-            names.join(", ")
-        ));
+        found.warnings.push(format!("{at}, key 'mig-devices': not checked, no catalog model has {}", names.join(", ")));
     }
     found.problems.extend(infeasible);
 }

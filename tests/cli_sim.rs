@@ -230,7 +230,12 @@ mig-configs:
     assert!(t.contains("config 'unknown-profile', entry 0, key 'mig-devices': on A100-SXM4-80GB: unsupported MIG device specified 3g.20gb"), "{t}");
     assert!(t.contains("config 'too-many', entry 0, key 'mig-devices': on A100-SXM4-80GB: layout cannot fit: needs 4 GPU instances of 2g.20gb but the GPU allows 3"), "{t}");
     assert!(t.contains("on H100-SXM5-80GB"), "{t}");
-    assert!(t.contains("config 'too-big', entry 0, key 'mig-devices': on A30-24GB: layout cannot fit: needs 5 of 4 memory slices"), "{t}");
+    assert!(
+        t.contains(
+            "config 'too-big', entry 0, key 'mig-devices': on A30-24GB: layout cannot fit: needs 5 of 4 memory slices"
+        ),
+        "{t}"
+    );
     assert!(t.contains("4 problem(s)"), "{t}");
     let r = gpupart(&["validate", "-f", &bad, "-c", "out-of-range", "--gpu", "A100-SXM4-80GB:8"], &[]).failed();
     assert!(r.all().contains("device index 9 is out of range (the node has 8 GPUs)"), "{}", r.all());
@@ -238,7 +243,15 @@ mig-configs:
     assert!(ok.stdout.contains("OK: 81 config(s)"), "{}", ok.stdout);
     let r = gpupart(&["validate", "-f", "/nonexistent.yaml"], &[]).failed();
     assert!(r.stderr.contains("reading config file /nonexistent.yaml"), "{}", r.stderr);
-    let r = gpupart(&["validate", "-f", &node.config("x.yaml", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      bogus: 1\n")], &[]).failed();
+    let r = gpupart(
+        &[
+            "validate",
+            "-f",
+            &node.config("x.yaml", "version: v1\nmig-configs:\n  a:\n    - devices: all\n      bogus: 1\n"),
+        ],
+        &[],
+    )
+    .failed();
     assert!(r.stderr.contains("config 'a', entry 0, key 'bogus': unexpected field: bogus"), "{}", r.stderr);
 }
 

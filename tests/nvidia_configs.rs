@@ -36,21 +36,38 @@ fn apply_all(model: &str, expect: &[&str]) {
     }
 }
 
+/// The A100-80GB / H100-80GB group shares one profile-name family in NVIDIA's file.
+const EIGHTY_GB: [&str; 10] = [
+    "all-disabled",
+    "all-enabled",
+    "all-1g.10gb",
+    "all-1g.10gb.me",
+    "all-1g.20gb",
+    "all-2g.20gb",
+    "all-3g.40gb",
+    "all-4g.40gb",
+    "all-7g.80gb",
+    "all-balanced",
+];
+
 #[test]
 fn a100_80gb() {
-    let expect = [
-        "all-disabled", "all-enabled", "all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb",
-        "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced",
-    ];
-    apply_all("A100-SXM4-80GB", &expect);
-    apply_all("A100-PCIE-80GB", &expect);
+    apply_all("A100-SXM4-80GB", &EIGHTY_GB);
+    apply_all("A100-PCIE-80GB", &EIGHTY_GB);
 }
-
 #[test]
 fn a100_40gb() {
     let expect = [
-        "all-disabled", "all-enabled", "all-1g.5gb", "all-1g.5gb.me", "all-2g.10gb", "all-3g.20gb",
-        "all-4g.20gb", "all-7g.40gb", "all-1g.10gb", "all-balanced",
+        "all-disabled",
+        "all-enabled",
+        "all-1g.5gb",
+        "all-1g.5gb.me",
+        "all-2g.10gb",
+        "all-3g.20gb",
+        "all-4g.20gb",
+        "all-7g.40gb",
+        "all-1g.10gb",
+        "all-balanced",
     ];
     apply_all("A100-SXM4-40GB", &expect);
     apply_all("A100-PCIE-40GB", &expect);
@@ -60,25 +77,52 @@ fn a100_40gb() {
 fn a30() {
     apply_all(
         "A30-24GB",
-        &["all-disabled", "all-enabled", "all-1g.6gb", "all-1g.6gb.me", "all-2g.12gb", "all-2g.12gb.me", "all-4g.24gb", "all-balanced"],
+        &[
+            "all-disabled",
+            "all-enabled",
+            "all-1g.6gb",
+            "all-1g.6gb.me",
+            "all-2g.12gb",
+            "all-2g.12gb.me",
+            "all-4g.24gb",
+            "all-balanced",
+        ],
     );
 }
 
 #[test]
 fn hopper() {
-    let h100 = [
-        "all-disabled", "all-enabled", "all-1g.10gb", "all-1g.10gb.me", "all-1g.20gb", "all-2g.20gb",
-        "all-3g.40gb", "all-4g.40gb", "all-7g.80gb", "all-balanced",
-    ];
-    apply_all("H100-SXM5-80GB", &h100);
-    apply_all("H100-PCIE-80GB", &h100);
+    apply_all("H100-SXM5-80GB", &EIGHTY_GB);
+    apply_all("H100-PCIE-80GB", &EIGHTY_GB);
     apply_all(
         "H100-NVL-94GB",
-        &["all-disabled", "all-enabled", "all-1g.12gb", "all-1g.12gb.me", "all-1g.24gb", "all-2g.24gb", "all-3g.47gb", "all-4g.47gb", "all-7g.94gb", "all-balanced"],
+        &[
+            "all-disabled",
+            "all-enabled",
+            "all-1g.12gb",
+            "all-1g.12gb.me",
+            "all-1g.24gb",
+            "all-2g.24gb",
+            "all-3g.47gb",
+            "all-4g.47gb",
+            "all-7g.94gb",
+            "all-balanced",
+        ],
     );
     apply_all(
         "H200-SXM-141GB",
-        &["all-disabled", "all-enabled", "all-balanced", "all-1g.18gb", "all-1g.18gb.me", "all-1g.35gb", "all-2g.35gb", "all-3g.71gb", "all-4g.71gb", "all-7g.141gb"],
+        &[
+            "all-disabled",
+            "all-enabled",
+            "all-balanced",
+            "all-1g.18gb",
+            "all-1g.18gb.me",
+            "all-1g.35gb",
+            "all-2g.35gb",
+            "all-3g.71gb",
+            "all-4g.71gb",
+            "all-7g.141gb",
+        ],
     );
 }
 

@@ -35,13 +35,7 @@ pub enum BackendError {
 impl BackendError {
     /// A failed call with the name looked up from the code.
     pub fn call(gpu: u32, function: &'static str, code: u32, detail: impl Into<String>) -> Self {
-        Self::Call {
-            gpu,
-            function,
-            code,
-            name: code_name(code),
-            detail: detail.into(),
-        }
+        Self::Call { gpu, function, code, name: code_name(code), detail: detail.into() }
     }
 
     /// The NVML return code, when the error came from a call.
@@ -81,7 +75,13 @@ pub trait GpuBackend: Send + Sync {
     /// Creates a GPU instance at an explicit placement; returns its id.
     fn create_gpu_instance(&self, gpu: u32, profile_id: u32, placement: Placement) -> Result<u32, BackendError>;
     /// Creates a compute instance at an explicit placement inside a GI; returns its id.
-    fn create_compute_instance(&self, gpu: u32, gi: u32, ci_profile_id: u32, placement: Placement) -> Result<u32, BackendError>;
+    fn create_compute_instance(
+        &self,
+        gpu: u32,
+        gi: u32,
+        ci_profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, BackendError>;
     /// Destroys a compute instance.
     fn destroy_compute_instance(&self, gpu: u32, gi: u32, ci: u32) -> Result<(), BackendError>;
     /// Destroys a GPU instance (its CIs must be gone).

@@ -21,22 +21,13 @@ pub struct SimBackend {
 }
 
 fn to_process(p: &SimProcess) -> Process {
-    Process {
-        pid: p.pid,
-        name: p.name.clone(),
-        used_memory_mib: p.used_memory_mib,
-    }
+    Process { pid: p.pid, name: p.name.clone(), used_memory_mib: p.used_memory_mib }
 }
 
 impl SimBackend {
     /// A backend over `state`, saved to `path` after each change when given.
     pub fn new(state: SimState, path: Option<PathBuf>) -> Self {
-        Self {
-            state: Mutex::new(state),
-            path,
-            op_delay: Duration::ZERO,
-            faults: Mutex::new(Faults::default()),
-        }
+        Self { state: Mutex::new(state), path, op_delay: Duration::ZERO, faults: Mutex::new(Faults::default()) }
     }
 
     /// Opens the simulator the CLI way: the state file when it exists, else a new node from
@@ -145,10 +136,7 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
             mig_capable: model.mig_capable(),
             mode_change_needs_reset: model.arch.mig_mode_needs_reset(),
         },
-        mig_mode: MigMode {
-            current: g.mig_mode.current,
-            pending: g.mig_mode.pending,
-        },
+        mig_mode: MigMode { current: g.mig_mode.current, pending: g.mig_mode.pending },
         profiles: model.profile_table(),
         instances,
         processes: g.processes.iter().map(to_process).collect(),
@@ -195,7 +183,13 @@ impl GpuBackend for SimBackend {
         })
     }
 
-    fn create_compute_instance(&self, gpu: u32, gi: u32, ci_profile_id: u32, placement: Placement) -> Result<u32, BackendError> {
+    fn create_compute_instance(
+        &self,
+        gpu: u32,
+        gi: u32,
+        ci_profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, BackendError> {
         self.mutate(gpu, "nvmlGpuInstanceCreateComputeInstanceWithPlacement", |s| {
             s.create_compute_instance(gpu, gi, ci_profile_id, Some(placement.start))
         })

@@ -3,9 +3,9 @@
 
 use super::{open_backend, read_config};
 use crate::cli::{ApplyArgs, GlobalArgs};
-use crate::exec::{execute, ExecOptions, GpuReport, Outcome};
-use crate::prepare::{prepare, Job, Target};
-use anyhow::Context;
+use crate::exec::{ExecOptions, GpuReport, Outcome};
+use crate::prepare::{Job, Target};
+use crate::reconfigure::{self, Options, PassError};
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
@@ -14,39 +14,31 @@ pub fn run(g: &GlobalArgs, a: &ApplyArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config.config_file)?;
     let config = file.choose(a.config.selected_config.as_deref())?;
     let backend = open_backend(g)?;
-    let states = backend.observe_all().context("reading the GPUs")?;
-    let jobs = match prepare(states, config, a.force, a.mode_only) {
-        Ok(j) => j,
-        Err(e) => {
+    let opts = Options {
+        force: a.force,
+        mode_only: a.mode_only,
+        exec: ExecOptions { dry_run: a.dry_run, parallel: a.parallel as usize, skip_reset: a.skip_reset },
+    };
+    let pass = match reconfigure::run(backend.as_ref(), config, opts) {
+        Ok(p) => p,
+        Err(PassError::Prepare(e)) => {
             eprintln!("error: nothing was changed; config '{}' cannot be applied:", config.name);
             for p in &e.problems {
                 eprintln!("  {p}");
             }
             return Ok(ExitCode::FAILURE);
         }
+        Err(e) => return Err(e.into()),
     };
-    let reports = execute(
-        backend.as_ref(),
-        &jobs,
-        ExecOptions {
-            dry_run: a.dry_run,
-            parallel: a.parallel as usize,
-            skip_reset: a.skip_reset,
-        },
-    );
     let mut out = String::new();
-    for (job, report) in jobs.iter().zip(&reports) {
+    for (job, report) in pass.jobs.iter().zip(&pass.reports) {
         render(&mut out, job, report);
     }
     print!("{out}");
-    let failed = reports.iter().filter(|r| matches!(r.outcome, Outcome::Failed(_))).count();
-    let changed = reports.iter().filter(|r| matches!(r.outcome, Outcome::Applied | Outcome::DryRun)).count();
-    let (mut kept, mut destroyed, mut created) = (0, 0, 0);
-    for p in jobs.iter().filter_map(|j| j.plan.as_ref()) {
-        kept += p.keep.len();
-        destroyed += p.destroy.len();
-        created += p.create.len();
-    }
+    let failed = pass.failed();
+    let changed = pass.reports.iter().filter(|r| matches!(r.outcome, Outcome::Applied | Outcome::DryRun)).count();
+    let (kept, destroyed, created) = pass.instance_counts();
+    let reports = &pass.reports;
     let totals = format!(
         "{changed} GPU(s) to change, {} unchanged; GPU instances kept {kept}, destroyed {destroyed}, created {created}",
         reports.len() - changed - failed

@@ -33,39 +33,49 @@ pub fn entries(states: &[GpuState]) -> Vec<Entry> {
         k.dedup();
         k
     };
-    let mut groups: Vec<(u32, bool, BTreeMap<String, u32>, Vec<u32>, Vec<String>)> = Vec::new();
+    // Group GPUs of one kind with the same mode and devices; `filter` holds the kind for now.
+    let mut groups: Vec<Entry> = Vec::new();
     for s in states {
         let mut counts = BTreeMap::new();
         for n in s.device_names() {
             *counts.entry(n).or_insert(0) += 1;
         }
         let enabled = s.mig_mode.current;
+        let mut gis: Vec<_> = s.instances.iter().collect();
+        gis.sort_by_key(|g| g.placement.start);
         let mut line = format!("GPU {}:", s.info.index);
-        for gi in &s.instances {
+        for gi in gis {
             line.push_str(&format!(" {}@{}", s.gi_name(gi), gi.placement.start));
         }
-        let key = (s.info.pci_device_id, enabled, counts);
-        match groups.iter_mut().find(|g| (g.0, g.1, &g.2) == (key.0, key.1, &key.2)) {
+        let kind = Some(s.info.pci_device_id);
+        match groups.iter_mut().find(|g| g.filter == kind && g.mig_enabled == enabled && g.mig_devices == counts) {
             Some(g) => {
-                g.3.push(s.info.index);
-                g.4.push(line);
+                g.devices.get_or_insert_with(Vec::new).push(s.info.index);
+                g.placements.push(line);
             }
-            None => groups.push((key.0, key.1, key.2, vec![s.info.index], vec![line])),
+            None => groups.push(Entry {
+                filter: kind,
+                devices: Some(vec![s.info.index]),
+                mig_enabled: enabled,
+                mig_devices: counts,
+                placements: vec![line],
+            }),
+        }
+    }
+    for g in &mut groups {
+        let kind = g.filter.unwrap_or_default();
+        let members = g.devices.as_ref().map_or(0, Vec::len);
+        if states.iter().filter(|s| s.info.pci_device_id == kind).count() == members {
+            g.devices = None;
+        }
+        if kinds.len() == 1 {
+            g.filter = None;
+        }
+        if !g.mig_enabled {
+            g.placements.clear();
         }
     }
     groups
-        .into_iter()
-        .map(|(id, enabled, counts, indices, lines)| {
-            let all_of_kind = states.iter().filter(|s| s.info.pci_device_id == id).count() == indices.len();
-            Entry {
-                filter: (kinds.len() > 1).then_some(id),
-                devices: (!all_of_kind).then_some(indices),
-                mig_enabled: enabled,
-                mig_devices: counts,
-                placements: if enabled { lines } else { Vec::new() },
-            }
-        })
-        .collect()
 }
 
 fn yaml(label: &str, entries: &[Entry]) -> String {

@@ -30,10 +30,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Opens the GPU backend the global options ask for.
 pub fn open_backend(g: &GlobalArgs) -> anyhow::Result<Box<dyn GpuBackend>> {
     if g.simulate.is_none() && g.sim_state.is_none() {
-        let lib = g
-            .nvml_lib
-            .as_ref()
-            .map_or_else(|| "libnvidia-ml.so.1".to_string(), |p| p.display().to_string());
+        let lib = g.nvml_lib.as_ref().map_or_else(|| "libnvidia-ml.so.1".to_string(), |p| p.display().to_string());
         bail!(
             "the NVML backend is not available in this build (would load {lib}); \
              use simulated GPUs with --simulate MODEL:COUNT (e.g. --simulate A100-SXM4-80GB:8) \

@@ -161,7 +161,8 @@ fn table(doc: &StatusDoc) -> String {
         };
         let _ = writeln!(out, "GPU {}  {}  {}  {}  {}", g.index, g.model, g.uuid, g.bus_id, mode);
         if !g.instances.is_empty() {
-            let _ = writeln!(out, "  {:<12} {:<9} {:>3} {:>3}  {:<40}  BUSY", "PROFILE", "PLACEMENT", "GI", "CI", "UUID");
+            let _ =
+                writeln!(out, "  {:<12} {:<9} {:>3} {:>3}  {:<40}  BUSY", "PROFILE", "PLACEMENT", "GI", "CI", "UUID");
             for i in &g.instances {
                 let busy = if i.busy {
                     let pids: Vec<String> = i.processes.iter().map(|p| p.pid.to_string()).collect();

@@ -11,15 +11,11 @@ pub fn run(g: &GlobalArgs, a: &ValidateArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config_file)?;
     let spec = a.gpu.as_deref().or(g.simulate.as_deref());
     let node: Option<Vec<&'static Model>> = match spec {
-        Some(s) => Some(
-            parse_spec(s)?
-                .into_iter()
-                .flat_map(|(m, n)| std::iter::repeat_n(m, n as usize))
-                .collect(),
-        ),
+        Some(s) => Some(parse_spec(s)?.into_iter().flat_map(|(m, n)| std::iter::repeat_n(m, n as usize)).collect()),
         None => None,
     };
-    let found = crate::validate::validate(&file, a.selected_config.as_deref(), node.as_deref()).map_err(anyhow::Error::msg)?;
+    let found =
+        crate::validate::validate(&file, a.selected_config.as_deref(), node.as_deref()).map_err(anyhow::Error::msg)?;
     for w in &found.warnings {
         println!("warning: {w}");
     }

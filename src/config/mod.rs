@@ -5,7 +5,7 @@ mod parse;
 mod select;
 
 pub use parse::parse;
-pub use select::{select, GpuIdent, Selection, SelectError};
+pub use select::{select, GpuIdent, SelectError, Selection};
 
 use gpupart_mig::ProfileName;
 use std::fmt;
@@ -51,10 +51,7 @@ pub struct DeviceFilter {
 impl DeviceFilter {
     /// Whether a GPU with these ids matches.
     pub fn matches(&self, device_id: u32, subsystem_id: Option<u32>) -> bool {
-        self.device_id == device_id
-            && self
-                .subsystem_id
-                .is_none_or(|want| subsystem_id == Some(want))
+        self.device_id == device_id && self.subsystem_id.is_none_or(|want| subsystem_id == Some(want))
     }
 }
 
@@ -92,12 +89,7 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn top(message: impl Into<String>) -> Self {
-        Self {
-            config: None,
-            entry: None,
-            key: None,
-            message: message.into(),
-        }
+        Self { config: None, entry: None, key: None, message: message.into() }
     }
 }
 
@@ -131,10 +123,7 @@ impl ConfigFile {
     pub fn choose(&self, name: Option<&str>) -> Result<&MigConfig, ConfigError> {
         match name {
             Some(n) => self.get(n).ok_or_else(|| {
-                ConfigError::top(format!(
-                    "unknown config '{n}'; the file has: {}",
-                    self.names().join(", ")
-                ))
+                ConfigError::top(format!("unknown config '{n}'; the file has: {}", self.names().join(", ")))
             }),
             None if self.configs.len() == 1 => Ok(&self.configs[0]),
             None => Err(ConfigError::top(format!(

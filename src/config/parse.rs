@@ -31,8 +31,7 @@ fn show(v: &Value) -> String {
 
 /// Parses and validates a mig-parted v1 config (YAML, or JSON as a subset of YAML).
 pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
-    let root: Value = serde_saphyr::from_str(text)
-        .map_err(|e| ConfigError::top(format!("invalid YAML: {e}")))?;
+    let root: Value = serde_saphyr::from_str(text).map_err(|e| ConfigError::top(format!("invalid YAML: {e}")))?;
     let Value::Object(top) = root else {
         return Err(ConfigError::top(format!(
             "expected a mapping with 'version' and 'mig-configs', found {}",
@@ -53,10 +52,7 @@ pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
         Some(Value::Object(m)) if !m.is_empty() => m,
         Some(Value::Object(_)) => return Err(ConfigError::top("'mig-configs' has no configs")),
         Some(v) => {
-            return Err(ConfigError::top(format!(
-                "'mig-configs' must be a mapping of config names, found {}",
-                show(v)
-            )))
+            return Err(ConfigError::top(format!("'mig-configs' must be a mapping of config names, found {}", show(v))))
         }
         None => return Err(ConfigError::top("missing required field 'mig-configs'")),
     };
@@ -68,12 +64,7 @@ pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
 }
 
 fn parse_config(name: &str, specs: &Value) -> Result<MigConfig, ConfigError> {
-    let here = |message: String| ConfigError {
-        config: Some(name.to_string()),
-        entry: None,
-        key: None,
-        message,
-    };
+    let here = |message: String| ConfigError { config: Some(name.to_string()), entry: None, key: None, message };
     let list = match specs {
         Value::Array(l) if !l.is_empty() => l,
         Value::Array(_) => return Err(here("the config has no entries".into())),
@@ -84,10 +75,7 @@ fn parse_config(name: &str, specs: &Value) -> Result<MigConfig, ConfigError> {
         .enumerate()
         .map(|(entry, v)| parse_spec(At { config: name, entry }, v))
         .collect::<Result<_, _>>()?;
-    Ok(MigConfig {
-        name: name.to_string(),
-        specs,
-    })
+    Ok(MigConfig { name: name.to_string(), specs })
 }
 
 fn parse_spec(at: At<'_>, v: &Value) -> Result<DeviceSpec, ConfigError> {
@@ -115,10 +103,9 @@ fn parse_spec(at: At<'_>, v: &Value) -> Result<DeviceSpec, ConfigError> {
             })
             .collect::<Result<_, _>>()?,
         Some(other) => {
-            return Err(at.err(
-                "device-filter",
-                format!("expected a string or a list of strings, found {}", show(other)),
-            ))
+            return Err(
+                at.err("device-filter", format!("expected a string or a list of strings, found {}", show(other)))
+            )
         }
     };
     let devices = parse_devices(at, m)?;
@@ -128,12 +115,7 @@ fn parse_spec(at: At<'_>, v: &Value) -> Result<DeviceSpec, ConfigError> {
         None => return Err(at.err("mig-enabled", "missing required field 'mig-enabled'")),
     };
     let mig_devices = parse_mig_devices(at, m, mig_enabled)?;
-    Ok(DeviceSpec {
-        filter,
-        devices,
-        mig_enabled,
-        mig_devices,
-    })
+    Ok(DeviceSpec { filter, devices, mig_enabled, mig_devices })
 }
 
 /// Parses an unsigned 32-bit integer the way Go's `strconv.ParseUint(s, 0, 32)` does.
@@ -181,11 +163,9 @@ fn parse_devices(at: At<'_>, m: &Map<String, Value>) -> Result<Devices, ConfigEr
         Some(Value::Array(items)) => {
             let mut out = Vec::new();
             for i in items {
-                let idx = i
-                    .as_u64()
-                    .filter(|n| *n <= u64::from(u32::MAX))
-                    .ok_or_else(|| at.err("devices", format!("invalid device index {}: expected a non-negative integer", show(i))))?
-                    as u32;
+                let idx = i.as_u64().filter(|n| *n <= u64::from(u32::MAX)).ok_or_else(|| {
+                    at.err("devices", format!("invalid device index {}: expected a non-negative integer", show(i)))
+                })? as u32;
                 if out.contains(&idx) {
                     return Err(at.err("devices", format!("device index {idx} is listed twice")));
                 }
@@ -227,18 +207,14 @@ fn parse_mig_devices(
     }
     let mut out = Vec::new();
     for (name, count) in entries {
-        let parsed: gpupart_mig::ProfileName = name
-            .parse()
-            .map_err(|e: gpupart_mig::name::NameError| at.err("mig-devices", e.to_string()))?;
-        let n = count
-            .as_u64()
-            .filter(|n| *n <= 64)
-            .ok_or_else(|| {
-                at.err(
-                    "mig-devices",
-                    format!("invalid count {} for '{name}': expected an integer from 0 to 64", show(count)),
-                )
-            })? as u32;
+        let parsed: gpupart_mig::ProfileName =
+            name.parse().map_err(|e: gpupart_mig::name::NameError| at.err("mig-devices", e.to_string()))?;
+        let n = count.as_u64().filter(|n| *n <= 64).ok_or_else(|| {
+            at.err(
+                "mig-devices",
+                format!("invalid count {} for '{name}': expected an integer from 0 to 64", show(count)),
+            )
+        })? as u32;
         if out.iter().any(|(p, _)| *p == parsed) {
             return Err(at.err("mig-devices", format!("'{name}' is listed twice")));
         }

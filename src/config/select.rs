@@ -76,9 +76,8 @@ pub enum SelectError {
 pub fn select(config: &MigConfig, gpus: &[GpuIdent]) -> Result<Vec<Selection>, SelectError> {
     let mut out = vec![Selection::Unselected; gpus.len()];
     for (entry, spec) in config.specs.iter().enumerate() {
-        let filter_ok = |g: &GpuIdent| {
-            spec.filter.is_empty() || spec.filter.iter().any(|f| f.matches(g.device_id, g.subsystem_id))
-        };
+        let filter_ok =
+            |g: &GpuIdent| spec.filter.is_empty() || spec.filter.iter().any(|f| f.matches(g.device_id, g.subsystem_id));
         let (targets, explicit): (Vec<&GpuIdent>, bool) = match &spec.devices {
             Devices::All => (gpus.iter().filter(|g| filter_ok(g)).collect(), false),
             Devices::Indices(list) => {
@@ -112,10 +111,7 @@ pub fn select(config: &MigConfig, gpus: &[GpuIdent]) -> Result<Vec<Selection>, S
                 }
                 Selection::SkippedNoMig { entry }
             } else {
-                Selection::Enabled {
-                    entry,
-                    devices: spec.mig_devices.clone(),
-                }
+                Selection::Enabled { entry, devices: spec.mig_devices.clone() }
             };
         }
     }

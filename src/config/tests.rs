@@ -20,8 +20,9 @@ fn nvidia_mig_configs_parse() {
         "mig-parted-example-config.yaml",
         "mig-parted-example-dgx-station-80gb-config.yaml",
     ] {
-        let text = std::fs::read_to_string(dir.join(name))
-            .unwrap_or_else(|e| panic!("{}: {e} (shared/reference must sit beside the repo)", dir.join(name).display()));
+        let text = std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| {
+            panic!("{}: {e} (shared/reference must sit beside the repo)", dir.join(name).display())
+        });
         let file = parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
         parsed += file.configs.len();
     }
@@ -55,10 +56,7 @@ mig-configs:
     let c = f.choose(None).unwrap();
     assert_eq!(c.specs[0].mig_devices.len(), 3, "zero counts are dropped");
     assert_eq!(c.specs[0].mig_devices[0].0.to_string(), "1c.2g.20gb");
-    assert_eq!(
-        c.specs[1].filter[0],
-        DeviceFilter { device_id: 0x20B0_10DE, subsystem_id: Some(0x134F_10DE) }
-    );
+    assert_eq!(c.specs[1].filter[0], DeviceFilter { device_id: 0x20B0_10DE, subsystem_id: Some(0x134F_10DE) });
     assert!(c.specs[1].filter[0].matches(0x20B0_10DE, Some(0x134F_10DE)));
     assert!(!c.specs[1].filter[0].matches(0x20B0_10DE, Some(0x1111_10DE)));
     assert!(c.specs[1].filter[1].matches(0x2330_10DE, None));
@@ -94,7 +92,8 @@ fn errors_use_mig_parted_texts_and_name_the_place() {
         err(&format!("{HEAD}    - devices: all\n      mig-enabled: true\n      mig-devices: {{\"1g.10gb\": 0}}\n")),
         "config 'c', entry 0, key 'mig-devices': all counts for all MigProfiles are 0"
     );
-    let e = err(&format!("{HEAD}    - devices: all\n      mig-enabled: true\n      mig-devices: {{\"1g.10gb\": -1}}\n"));
+    let e =
+        err(&format!("{HEAD}    - devices: all\n      mig-enabled: true\n      mig-devices: {{\"1g.10gb\": -1}}\n"));
     assert!(e.contains("invalid count -1 for '1g.10gb'"), "{e}");
     let e = err(&format!("{HEAD}    - devices: all\n      mig-enabled: true\n      mig-devices: {{\"3g.40\": 1}}\n"));
     assert!(e.starts_with("config 'c', entry 0, key 'mig-devices': invalid MIG profile '3g.40'"), "{e}");
@@ -142,7 +141,8 @@ mig-configs:
     )
     .unwrap();
     let c = f.choose(None).unwrap();
-    let node = [gpu(0, 0x20B2_10DE, true), gpu(1, 0x20B2_10DE, true), gpu(2, 0x1DB1_10DE, false), gpu(3, 0x1DB1_10DE, false)];
+    let node =
+        [gpu(0, 0x20B2_10DE, true), gpu(1, 0x20B2_10DE, true), gpu(2, 0x1DB1_10DE, false), gpu(3, 0x1DB1_10DE, false)];
     let s = select(c, &node).unwrap();
     assert!(matches!(&s[0], Selection::Enabled { entry: 0, devices } if devices[0].1 == 7));
     assert!(matches!(&s[1], Selection::Enabled { entry: 2, .. }), "the last entry wins");
@@ -151,7 +151,9 @@ mig-configs:
     let bad = parse("version: v1\nmig-configs:\n  c:\n    - devices: [9]\n      mig-enabled: false\n").unwrap();
     let e = select(bad.choose(None).unwrap(), &node).unwrap_err().to_string();
     assert_eq!(e, "config 'c', entry 0, key 'devices': device index 9 is out of range (the node has 4 GPUs)");
-    let bad = parse("version: v1\nmig-configs:\n  c:\n    - devices: [3]\n      mig-enabled: true\n      mig-devices: {}\n").unwrap();
+    let bad =
+        parse("version: v1\nmig-configs:\n  c:\n    - devices: [3]\n      mig-enabled: true\n      mig-devices: {}\n")
+            .unwrap();
     let e = select(bad.choose(None).unwrap(), &node).unwrap_err().to_string();
     assert!(e.contains("GPU 3 (m3) does not support MIG"), "{e}");
 }

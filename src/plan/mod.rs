@@ -158,9 +158,7 @@ fn remainder(desired: &DesiredDevices, kept: &[&GiState]) -> Option<std::collect
 }
 
 fn unpackable() -> PlanError {
-    PlanError::Infeasible {
-        reason: "a MIG device does not fit its GPU-instance profile".into(),
-    }
+    PlanError::Infeasible { reason: "a MIG device does not fit its GPU-instance profile".into() }
 }
 
 /// Plans one GPU: `current` instances vs. `desired` devices. With `force`, busy instances may be
@@ -184,22 +182,19 @@ pub fn plan(
         if kept_gis.iter().any(|g| g.cis.is_empty() || table.by_id(g.profile_id).is_none()) {
             continue;
         }
-        let Some(rem) = remainder(desired, &kept_gis) else { continue };
+        let Some(rem) = remainder(desired, &kept_gis) else {
+            continue;
+        };
         let shapes = pack(table, &rem).ok_or_else(unpackable)?;
         let busy_destroyed = (0..n).filter(|i| mask & (1 << i) == 0 && current[*i].busy()).count();
-        candidates.push(Candidate {
-            busy_destroyed,
-            destroyed: n - kept.len(),
-            created: shapes.len(),
-            kept,
-            shapes,
-        });
+        candidates.push(Candidate { busy_destroyed, destroyed: n - kept.len(), created: shapes.len(), kept, shapes });
     }
     candidates.sort_by_key(|c| c.cost());
     let mut best: Option<(&Candidate, Vec<Placement>, Quality)> = None;
     for group in candidates.chunk_by(|a, b| a.cost() == b.cost()) {
         for cand in group {
-            let kept: Vec<(u32, Placement)> = cand.kept.iter().map(|&i| (current[i].profile_id, current[i].placement)).collect();
+            let kept: Vec<(u32, Placement)> =
+                cand.kept.iter().map(|&i| (current[i].profile_id, current[i].placement)).collect();
             let new: Vec<u32> = cand.shapes.iter().map(|s| s.profile_id).collect();
             if let Ok((placements, quality)) = search(table, &kept, &new) {
                 if best.as_ref().is_none_or(|(_, _, q)| quality > *q) {
@@ -226,16 +221,18 @@ pub fn plan(
     Ok(build(table, current, cand, &placements, quality))
 }
 
-fn build(table: &ProfileTable, current: &[GiState], cand: &Candidate, placements: &[Placement], quality: Quality) -> Plan {
+fn build(
+    table: &ProfileTable,
+    current: &[GiState],
+    cand: &Candidate,
+    placements: &[Placement],
+    quality: Quality,
+) -> Plan {
     let name = |id: u32| table.by_id(id).map_or_else(|| format!("profile {id}"), |p| p.name.to_string());
     let keep = cand
         .kept
         .iter()
-        .map(|&i| KeepGi {
-            gi_id: current[i].id,
-            name: name(current[i].profile_id),
-            placement: current[i].placement,
-        })
+        .map(|&i| KeepGi { gi_id: current[i].id, name: name(current[i].profile_id), placement: current[i].placement })
         .collect();
     let destroy = (0..current.len())
         .filter(|i| !cand.kept.contains(i))
@@ -271,12 +268,7 @@ fn build(table: &ProfileTable, current: &[GiState], cand: &Candidate, placements
         })
         .collect();
     create.sort_by_key(|c| c.placement.start);
-    Plan {
-        keep,
-        destroy,
-        create,
-        quality,
-    }
+    Plan { keep, destroy, create, quality }
 }
 
 fn blocked(table: &ProfileTable, current: &[GiState], desired: &DesiredDevices, kept: &[usize]) -> PlanError {

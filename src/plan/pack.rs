@@ -25,10 +25,7 @@ fn try_place(profile: &GiProfile, bin: &Bin, ci_id: u32) -> Option<Placement> {
     if count >= cp.instance_count {
         return None;
     }
-    cp.placements
-        .iter()
-        .map(|&s| Placement::new(s, cp.slices))
-        .find(|p| p.mask() & bin.mask == 0)
+    cp.placements.iter().map(|&s| Placement::new(s, cp.slices)).find(|p| p.mask() & bin.mask == 0)
 }
 
 /// Packs `devices` (count per (GI profile, CI profile)) into GI shapes; `None` when a CI profile
@@ -44,10 +41,7 @@ pub fn pack(table: &ProfileTable, devices: &BTreeMap<DeviceKey, u32>) -> Option<
         cis.sort_by_key(|id| (std::cmp::Reverse(profile.ci(*id).map_or(0, |c| c.slices)), *id));
         let mut bins: Vec<Bin> = Vec::new();
         for ci in cis {
-            let slot = bins
-                .iter()
-                .enumerate()
-                .find_map(|(i, b)| try_place(profile, b, ci).map(|p| (i, p)));
+            let slot = bins.iter().enumerate().find_map(|(i, b)| try_place(profile, b, ci).map(|p| (i, p)));
             let (i, p) = match slot {
                 Some(s) => s,
                 None => {
@@ -60,10 +54,7 @@ pub fn pack(table: &ProfileTable, devices: &BTreeMap<DeviceKey, u32>) -> Option<
             bins[i].mask |= p.mask();
             bins[i].cis.push((ci, p));
         }
-        shapes.extend(bins.into_iter().map(|b| GiShape {
-            profile_id: gi,
-            cis: b.cis,
-        }));
+        shapes.extend(bins.into_iter().map(|b| GiShape { profile_id: gi, cis: b.cis }));
     }
     Some(shapes)
 }

@@ -19,9 +19,7 @@ impl Quality {
     /// Quality of a final occupancy.
     pub fn of(table: &ProfileTable, occ: &Occupancy) -> Self {
         Self {
-            largest: occ
-                .largest_creatable(table)
-                .map_or((0, 0), |p| (p.memory_slices, p.slices)),
+            largest: occ.largest_creatable(table).map_or((0, 0), |p| (p.memory_slices, p.slices)),
             stranded: Reverse(occ.stranded_slices(table)),
         }
     }
@@ -33,9 +31,7 @@ pub struct Infeasible(pub String);
 
 /// Display `name@start` for a placed profile.
 pub fn at(table: &ProfileTable, profile_id: u32, placement: Placement) -> String {
-    let name = table
-        .by_id(profile_id)
-        .map_or_else(|| format!("profile {profile_id}"), |p| p.name.to_string());
+    let name = table.by_id(profile_id).map_or_else(|| format!("profile {profile_id}"), |p| p.name.to_string());
     format!("{name}@{}", placement.start)
 }
 
@@ -90,7 +86,9 @@ impl Dfs<'_> {
             return;
         }
         let (_, pid) = self.order[depth];
-        let Some(profile) = self.table.by_id(pid) else { return };
+        let Some(profile) = self.table.by_id(pid) else {
+            return;
+        };
         let min_start = match depth.checked_sub(1).map(|d| self.order[d]) {
             Some((_, prev)) if prev == pid => self.chosen[depth - 1].start + 1,
             _ => 0,
@@ -129,13 +127,7 @@ pub fn search(
         let free = p.map_or(0, |p| base.free_placements(p).count());
         (free, Reverse(p.map_or(0, |p| p.memory_slices)), id)
     });
-    let mut dfs = Dfs {
-        table,
-        order,
-        chosen: Vec::new(),
-        best: None,
-        deepest: None,
-    };
+    let mut dfs = Dfs { table, order, chosen: Vec::new(), best: None, deepest: None };
     dfs.walk(0, &base);
     if let Some((quality, chosen)) = dfs.best {
         let mut out = vec![Placement::new(0, 0); new.len()];

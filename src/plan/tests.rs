@@ -9,10 +9,7 @@ struct Gpu {
 }
 
 fn mk_gpu(model: &str) -> Gpu {
-    Gpu {
-        table: catalog::lookup(model).unwrap().profile_table(),
-        gis: Vec::new(),
-    }
+    Gpu { table: catalog::lookup(model).unwrap().profile_table(), gis: Vec::new() }
 }
 
 impl Gpu {
@@ -41,7 +38,8 @@ impl Gpu {
     fn with(mut self, name: &str, count: u32) -> Self {
         for _ in 0..count {
             let (p, _) = self.table.resolve(&name.parse().unwrap()).unwrap();
-            let occ = crate::mig::capacity::Occupancy::of(&self.table, self.gis.iter().map(|g| (g.profile_id, g.placement)));
+            let occ =
+                crate::mig::capacity::Occupancy::of(&self.table, self.gis.iter().map(|g| (g.profile_id, g.placement)));
             let start = occ.free_placements(p).next().unwrap().start;
             self = self.gi(name, start);
         }

@@ -55,7 +55,14 @@ impl Run {
 pub fn gpupart(args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpupart"));
     c.args(args).env_remove("RUST_LOG").env("RUST_LOG", "warn");
-    for k in ["GPUPART_SIMULATE", "GPUPART_SIM_STATE", "MIG_PARTED_CONFIG_FILE", "MIG_PARTED_SELECTED_CONFIG", "GPUPART_SIM_FAIL", "GPUPART_SIM_OP_DELAY_MS"] {
+    for k in [
+        "GPUPART_SIMULATE",
+        "GPUPART_SIM_STATE",
+        "MIG_PARTED_CONFIG_FILE",
+        "MIG_PARTED_SELECTED_CONFIG",
+        "GPUPART_SIM_FAIL",
+        "GPUPART_SIM_OP_DELAY_MS",
+    ] {
         c.env_remove(k);
     }
     for (k, v) in env {

@@ -60,12 +60,7 @@ pub enum Conflict {
 impl Occupancy {
     /// An empty GPU.
     pub fn empty() -> Self {
-        Self {
-            mask: 0,
-            compute_used: 0,
-            counts: Vec::new(),
-            media_used: (0, 0),
-        }
+        Self { mask: 0, compute_used: 0, counts: Vec::new(), media_used: (0, 0) }
     }
 
     /// Builds the occupancy of `instances` (profile id, placement); unknown ids are ignored.
@@ -81,10 +76,7 @@ impl Occupancy {
 
     /// Number of instances of a profile.
     pub fn count(&self, profile_id: u32) -> u32 {
-        self.counts
-            .iter()
-            .find(|(id, _)| *id == profile_id)
-            .map_or(0, |(_, n)| *n)
+        self.counts.iter().find(|(id, _)| *id == profile_id).map_or(0, |(_, n)| *n)
     }
 
     /// Records an instance without checks.
@@ -100,30 +92,16 @@ impl Occupancy {
     }
 
     /// Checks that an instance of `profile` at `placement` can be added, as the driver would.
-    pub fn check(
-        &self,
-        table: &ProfileTable,
-        profile: &GiProfile,
-        placement: Placement,
-    ) -> Result<(), Conflict> {
+    pub fn check(&self, table: &ProfileTable, profile: &GiProfile, placement: Placement) -> Result<(), Conflict> {
         let name = || profile.name.to_string();
         if !profile.placements.contains(&placement) {
-            return Err(Conflict::IllegalPlacement {
-                profile: name(),
-                placement,
-            });
+            return Err(Conflict::IllegalPlacement { profile: name(), placement });
         }
         if self.count(profile.id) >= profile.instance_count {
-            return Err(Conflict::InstanceCount {
-                profile: name(),
-                max: profile.instance_count,
-            });
+            return Err(Conflict::InstanceCount { profile: name(), max: profile.instance_count });
         }
         if self.mask & placement.mask() != 0 {
-            return Err(Conflict::Overlap {
-                profile: name(),
-                placement,
-            });
+            return Err(Conflict::Overlap { profile: name(), placement });
         }
         self.check_resources(table, profile)
     }
@@ -137,20 +115,13 @@ impl Occupancy {
         } else {
             return Ok(());
         };
-        Err(Conflict::Resources {
-            profile: profile.name.to_string(),
-            what,
-        })
+        Err(Conflict::Resources { profile: profile.name.to_string(), what })
     }
 
     /// Free placements of a profile (legal and not overlapping occupied slices).
     pub fn free_placements<'a>(&self, profile: &'a GiProfile) -> impl Iterator<Item = Placement> + 'a {
         let mask = self.mask;
-        profile
-            .placements
-            .iter()
-            .copied()
-            .filter(move |p| p.mask() & mask == 0)
+        profile.placements.iter().copied().filter(move |p| p.mask() & mask == 0)
     }
 
     /// How many more instances of `profile` can be created now (NVML's remaining capacity).

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Pure MIG domain model shared by the `gpupart` agent and the fake NVML library.
 //!
 //! Nothing here performs I/O except [`sim::store`], which loads and atomically saves the

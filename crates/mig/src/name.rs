@@ -30,12 +30,7 @@ pub struct NameError {
 impl ProfileName {
     /// The name of a GPU instance with one full-size compute instance.
     pub fn gi(gi_slices: u32, memory_gb: u64, suffix: &str) -> Self {
-        Self {
-            gi_slices,
-            memory_gb,
-            ci_slices: None,
-            suffix: suffix.to_string(),
-        }
+        Self { gi_slices, memory_gb, ci_slices: None, suffix: suffix.to_string() }
     }
 
     /// The compute slices of the MIG device this name denotes (C, or G when C is omitted).
@@ -45,18 +40,12 @@ impl ProfileName {
 
     /// The GPU-instance part of the name (`1c.2g.20gb+me` → `2g.20gb+me`).
     pub fn gi_name(&self) -> ProfileName {
-        ProfileName {
-            ci_slices: None,
-            ..self.clone()
-        }
+        ProfileName { ci_slices: None, ..self.clone() }
     }
 
     /// The same name with the compute-instance size set (dropped when it equals G).
     pub fn with_ci(&self, ci_slices: u32) -> ProfileName {
-        ProfileName {
-            ci_slices: (ci_slices != self.gi_slices).then_some(ci_slices),
-            ..self.clone()
-        }
+        ProfileName { ci_slices: (ci_slices != self.gi_slices).then_some(ci_slices), ..self.clone() }
     }
 }
 
@@ -70,46 +59,31 @@ impl fmt::Display for ProfileName {
 }
 
 fn number(part: &str, unit: &str, name: &str) -> Result<u64, NameError> {
-    let digits = part.strip_suffix(unit).ok_or_else(|| NameError {
-        name: name.to_string(),
-        reason: format!("'{part}' does not end in '{unit}'"),
-    })?;
+    let digits = part
+        .strip_suffix(unit)
+        .ok_or_else(|| NameError { name: name.to_string(), reason: format!("'{part}' does not end in '{unit}'") })?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 6 {
         return Err(NameError {
             name: name.to_string(),
             reason: format!("'{part}' is not a number followed by '{unit}'"),
         });
     }
-    digits.parse().map_err(|_| NameError {
-        name: name.to_string(),
-        reason: format!("'{part}' is out of range"),
-    })
+    digits.parse().map_err(|_| NameError { name: name.to_string(), reason: format!("'{part}' is out of range") })
 }
 
 fn parse_suffix(suffix: &str, name: &str) -> Result<String, NameError> {
     if suffix.is_empty() {
         return Ok(String::new());
     }
-    let err = |reason: String| NameError {
-        name: name.to_string(),
-        reason,
-    };
+    let err = |reason: String| NameError { name: name.to_string(), reason };
     let (sign, rest) = suffix.split_at(1);
     if rest.contains('+') || rest.contains('-') {
-        return Err(err(
-            "a profile may carry either '+' or '-' attributes, once".into(),
-        ));
+        return Err(err("a profile may carry either '+' or '-' attributes, once".into()));
     }
     let mut seen = Vec::new();
     for attr in rest.split(',') {
-        if attr.is_empty()
-            || !attr
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.')
-        {
-            return Err(err(format!(
-                "attribute '{attr}' must be lower-case letters, digits and '.'"
-            )));
+        if attr.is_empty() || !attr.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.') {
+            return Err(err(format!("attribute '{attr}' must be lower-case letters, digits and '.'")));
         }
         if seen.contains(&attr) {
             return Err(err(format!("attribute '{attr}' is repeated")));
@@ -142,10 +116,7 @@ impl FromStr for ProfileName {
         let memory_gb = number(gb, "gb", raw)?;
         let ci = c.map(|c| number(c, "c", raw)).transpose()?.map(|c| c as u32);
         if gi_slices == 0 || ci == Some(0) {
-            return Err(NameError {
-                name: raw.to_string(),
-                reason: "slice counts must be positive".into(),
-            });
+            return Err(NameError { name: raw.to_string(), reason: "slice counts must be positive".into() });
         }
         if let Some(c) = ci {
             if c > gi_slices || (c < gi_slices && 2 * c > gi_slices + 1) {
@@ -156,12 +127,7 @@ impl FromStr for ProfileName {
             }
         }
         let suffix = parse_suffix(suffix, raw)?;
-        Ok(ProfileName {
-            gi_slices,
-            memory_gb,
-            ci_slices: ci.filter(|&c| c != gi_slices),
-            suffix,
-        })
+        Ok(ProfileName { gi_slices, memory_gb, ci_slices: ci.filter(|&c| c != gi_slices), suffix })
     }
 }
 
@@ -202,8 +168,19 @@ mod tests {
     #[test]
     fn rejects_bad_names() {
         for bad in [
-            "", "3g", "g.40gb", "3x.40gb", "3g.40", "5c.7g.80gb", "3c.4g.40gb", "8c.7g.80gb",
-            "1g.10gb+me-gfx", "1g.10gb+", "1g.10gb+me,me", "0g.1gb", "1g.10gb+M E",
+            "",
+            "3g",
+            "g.40gb",
+            "3x.40gb",
+            "3g.40",
+            "5c.7g.80gb",
+            "3c.4g.40gb",
+            "8c.7g.80gb",
+            "1g.10gb+me-gfx",
+            "1g.10gb+",
+            "1g.10gb+me,me",
+            "0g.1gb",
+            "1g.10gb+M E",
         ] {
             assert!(bad.parse::<ProfileName>().is_err(), "{bad} should be rejected");
         }

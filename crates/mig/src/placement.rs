@@ -23,11 +23,7 @@ impl Placement {
         if self.size == 0 {
             return 0;
         }
-        let width = if self.size >= 32 {
-            u32::MAX
-        } else {
-            (1u32 << self.size) - 1
-        };
+        let width = if self.size >= 32 { u32::MAX } else { (1u32 << self.size) - 1 };
         width.checked_shl(self.start).unwrap_or(0)
     }
 
@@ -50,11 +46,7 @@ impl fmt::Display for Placement {
 
 /// Number of set bits in the low `slices` bits of `mask`.
 pub fn count_slices(mask: u32, slices: u32) -> u32 {
-    let all = if slices >= 32 {
-        u32::MAX
-    } else {
-        (1u32 << slices) - 1
-    };
+    let all = if slices >= 32 { u32::MAX } else { (1u32 << slices) - 1 };
     (mask & all).count_ones()
 }
 

@@ -64,10 +64,7 @@ pub struct GiProfile {
 impl GiProfile {
     /// The compute-instance profile with `slices` compute slices (the lowest id when several).
     pub fn ci_with_slices(&self, slices: u32) -> Option<&CiProfile> {
-        self.ci_profiles
-            .iter()
-            .filter(|c| c.slices == slices)
-            .min_by_key(|c| c.id)
+        self.ci_profiles.iter().filter(|c| c.slices == slices).min_by_key(|c| c.id)
     }
 
     /// The CI profile spanning the whole GI (the default CI).
@@ -111,11 +108,7 @@ pub struct ResolveError {
 impl ProfileTable {
     /// An empty table (a GPU without MIG).
     pub fn empty() -> Self {
-        Self {
-            compute_slices: 0,
-            memory_slices: 0,
-            profiles: Vec::new(),
-        }
+        Self { compute_slices: 0, memory_slices: 0, profiles: Vec::new() }
     }
 
     /// GI profile by device-unique id.
@@ -130,10 +123,7 @@ impl ProfileTable {
             .iter()
             .filter(|p| p.name == gi_name)
             .find_map(|p| p.ci_with_slices(name.compute_slices()).map(|c| (p, c.id)))
-            .ok_or_else(|| ResolveError {
-                name: name.to_string(),
-                expected: self.device_names().join(", "),
-            })
+            .ok_or_else(|| ResolveError { name: name.to_string(), expected: self.device_names().join(", ") })
     }
 
     /// Every MIG device name this device supports (GI names first, then CI names).
@@ -154,11 +144,7 @@ impl ProfileTable {
 
     /// Total media engines of the device (those of the full-GPU profile).
     pub fn engine_totals(&self) -> Engines {
-        self.profiles
-            .iter()
-            .max_by_key(|p| (p.memory_slices, p.slices))
-            .map(|p| p.engines)
-            .unwrap_or_default()
+        self.profiles.iter().max_by_key(|p| (p.memory_slices, p.slices)).map(|p| p.engines).unwrap_or_default()
     }
 }
 
@@ -203,11 +189,7 @@ pub fn ci_slices_for_index(index: u32) -> Option<u32> {
 
 /// Derives a GI profile's name from its enum index, memory size and the device's total memory.
 pub fn derive_gi_name(index: u32, memory_mib: u64, total_bytes: u64) -> Option<ProfileName> {
-    Some(ProfileName::gi(
-        gi_slices_for_index(index)?,
-        memory_gb(memory_mib, total_bytes),
-        suffix_for_index(index),
-    ))
+    Some(ProfileName::gi(gi_slices_for_index(index)?, memory_gb(memory_mib, total_bytes), suffix_for_index(index)))
 }
 
 impl Serialize for ProfileName {

@@ -109,21 +109,53 @@ pub struct Model {
 
 /// Shorthand for an [`Engines`] value in the tables: decoders, encoders, copy engines, JPEG, OFA.
 pub(crate) const fn eng(decoders: u32, encoders: u32, copy_engines: u32, jpeg: u32, ofa: u32) -> Engines {
-    Engines {
-        decoders,
-        encoders,
-        copy_engines,
-        jpeg,
-        ofa,
+    Engines { decoders, encoders, copy_engines, jpeg, ofa }
+}
+
+/// Shorthand for a [`GiSpec`] row: enum index, profile id, compute slices, memory slices, MiB,
+/// instanceCount, SMs, engines, legal start slices.
+#[allow(clippy::too_many_arguments)]
+pub(crate) const fn gi(
+    index: u32,
+    id: u32,
+    slices: u32,
+    memory_slices: u32,
+    memory_mib: u64,
+    instance_count: u32,
+    multiprocessors: u32,
+    engines: Engines,
+    placements: &'static [u32],
+) -> GiSpec {
+    GiSpec { index, id, slices, memory_slices, memory_mib, instance_count, multiprocessors, engines, placements }
+}
+
+/// A MIG-capable model: `(compute capability, arch)` and `(compute slices, memory slices)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) const fn mig_model(
+    id: &'static str,
+    nvml_name: &'static str,
+    pci_device_id: u32,
+    memory_mib: u64,
+    (compute_capability, arch): ((u32, u32), Arch),
+    multiprocessors: u32,
+    (compute_slices, memory_slices): (u32, u32),
+    profiles: &'static [GiSpec],
+) -> Model {
+    Model {
+        id,
+        nvml_name,
+        pci_device_id,
+        memory_mib,
+        compute_capability,
+        arch,
+        multiprocessors,
+        mig: Some(MigSpec { compute_slices, memory_slices, profiles }),
     }
 }
 
 /// All catalog models.
 pub fn models() -> impl Iterator<Item = &'static Model> {
-    ampere::MODELS
-        .iter()
-        .chain(hopper::MODELS.iter())
-        .chain(nomig::MODELS.iter())
+    ampere::MODELS.iter().chain(hopper::MODELS.iter()).chain(nomig::MODELS.iter())
 }
 
 /// Looks a model up by id, case-insensitively.
@@ -202,20 +234,12 @@ impl Model {
                     instance_count: s.instance_count,
                     multiprocessors: s.multiprocessors,
                     engines: s.engines,
-                    placements: s
-                        .placements
-                        .iter()
-                        .map(|&start| Placement::new(start, s.memory_slices))
-                        .collect(),
+                    placements: s.placements.iter().map(|&start| Placement::new(start, s.memory_slices)).collect(),
                     ci_profiles: ci_profiles(s.slices, s.multiprocessors),
                 })
             })
             .collect();
-        ProfileTable {
-            compute_slices: mig.compute_slices,
-            memory_slices: mig.memory_slices,
-            profiles,
-        }
+        ProfileTable { compute_slices: mig.compute_slices, memory_slices: mig.memory_slices, profiles }
     }
 }
 

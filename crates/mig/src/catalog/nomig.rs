@@ -12,16 +12,7 @@ const fn plain(
     arch: Arch,
     multiprocessors: u32,
 ) -> Model {
-    Model {
-        id,
-        nvml_name,
-        pci_device_id,
-        memory_mib,
-        compute_capability,
-        arch,
-        multiprocessors,
-        mig: None,
-    }
+    Model { id, nvml_name, pci_device_id, memory_mib, compute_capability, arch, multiprocessors, mig: None }
 }
 
 /// The models without MIG.

@@ -3,13 +3,7 @@ use crate::capacity::Occupancy;
 use std::collections::BTreeSet;
 
 fn names(model: &str) -> Vec<String> {
-    lookup(model)
-        .unwrap()
-        .profile_table()
-        .profiles
-        .iter()
-        .map(|p| p.name.to_string())
-        .collect()
+    lookup(model).unwrap().profile_table().profiles.iter().map(|p| p.name.to_string()).collect()
 }
 
 #[test]

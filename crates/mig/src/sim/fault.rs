@@ -41,10 +41,7 @@ pub const CODES: &[(&str, u32)] = &[
 
 /// The name of an NVML return code (`NVML_ERROR_UNKNOWN` for values not in the header).
 pub fn code_name(code: u32) -> &'static str {
-    CODES
-        .iter()
-        .find(|(_, c)| *c == code)
-        .map_or("NVML_ERROR_UNKNOWN", |(n, _)| n)
+    CODES.iter().find(|(_, c)| *c == code).map_or("NVML_ERROR_UNKNOWN", |(n, _)| n)
 }
 
 /// A malformed fault specification.
@@ -79,10 +76,7 @@ impl Faults {
             }
             planned.push((func.to_string(), nth, code));
         }
-        Ok(Self {
-            planned,
-            calls: HashMap::new(),
-        })
+        Ok(Self { planned, calls: HashMap::new() })
     }
 
     /// Counts a call of `function`; returns the code to fail with when one is planned.
@@ -93,10 +87,7 @@ impl Faults {
         let n = self.calls.entry(function.to_string()).or_insert(0);
         *n += 1;
         let n = *n;
-        self.planned
-            .iter()
-            .find(|(f, nth, _)| f == function && *nth == n)
-            .map(|(_, _, c)| *c)
+        self.planned.iter().find(|(f, nth, _)| f == function && *nth == n).map(|(_, _, c)| *c)
     }
 }
 

@@ -59,10 +59,7 @@ impl fmt::Display for SimError {
 }
 
 fn err<T>(code: NvmlCode, detail: impl Into<String>) -> Result<T, SimError> {
-    Err(SimError {
-        code,
-        detail: detail.into(),
-    })
+    Err(SimError { code, detail: detail.into() })
 }
 
 /// Outcome of a MIG mode change request (`activationStatus`).
@@ -94,11 +91,7 @@ impl SimState {
                 });
             }
         }
-        Self {
-            version: STATE_VERSION,
-            serial: 0,
-            gpus,
-        }
+        Self { version: STATE_VERSION, serial: 0, gpus }
     }
 
     /// Checks the invariants a loaded state file must satisfy (known models, indices in order,
@@ -112,9 +105,7 @@ impl SimState {
             if gpu.index as usize != i {
                 return Err(format!("{at}: index {} is out of order", gpu.index));
             }
-            let model = gpu
-                .catalog_model()
-                .ok_or_else(|| format!("{at}: unknown model '{}'", gpu.model))?;
+            let model = gpu.catalog_model().ok_or_else(|| format!("{at}: unknown model '{}'", gpu.model))?;
             if !model.mig_capable() && (gpu.mig_mode.current || gpu.mig_mode.pending || !gpu.gpu_instances.is_empty()) {
                 return Err(format!("{at}: {} does not support MIG", model.id));
             }
@@ -127,19 +118,24 @@ impl SimState {
                 let profile = table
                     .by_id(gi.profile_id)
                     .ok_or_else(|| format!("{at}: GI {} has unknown profile id {}", gi.id, gi.profile_id))?;
-                occ.check(&table, profile, gi.placement)
-                    .map_err(|e| format!("{at}: GI {}: {e}", gi.id))?;
+                occ.check(&table, profile, gi.placement).map_err(|e| format!("{at}: GI {}: {e}", gi.id))?;
                 occ.add(profile, gi.placement);
                 if gpu.gpu_instances.iter().filter(|g| g.id == gi.id).count() > 1 {
                     return Err(format!("{at}: duplicate GI id {}", gi.id));
                 }
                 let mut ci_mask = 0u32;
                 for ci in &gi.compute_instances {
-                    let cp = profile
-                        .ci(ci.profile_id)
-                        .ok_or_else(|| format!("{at}: GI {} CI {} has unknown CI profile {}", gi.id, ci.id, ci.profile_id))?;
-                    if !cp.placements.contains(&ci.placement.start) || ci.placement.size != cp.slices || ci_mask & ci.placement.mask() != 0 {
-                        return Err(format!("{at}: GI {} CI {} has an illegal placement {}", gi.id, ci.id, ci.placement));
+                    let cp = profile.ci(ci.profile_id).ok_or_else(|| {
+                        format!("{at}: GI {} CI {} has unknown CI profile {}", gi.id, ci.id, ci.profile_id)
+                    })?;
+                    if !cp.placements.contains(&ci.placement.start)
+                        || ci.placement.size != cp.slices
+                        || ci_mask & ci.placement.mask() != 0
+                    {
+                        return Err(format!(
+                            "{at}: GI {} CI {} has an illegal placement {}",
+                            gi.id, ci.id, ci.placement
+                        ));
                     }
                     ci_mask |= ci.placement.mask();
                 }
@@ -212,10 +208,7 @@ impl SimState {
         if gpu.all_processes().next().is_some() {
             return Ok(Activation::InUse);
         }
-        gpu.mig_mode = MigModeState {
-            current: enabled,
-            pending: enabled,
-        };
+        gpu.mig_mode = MigModeState { current: enabled, pending: enabled };
         Ok(Activation::Done)
     }
 
@@ -258,9 +251,7 @@ impl SimState {
         if let Err(conflict) = occ.check(&table, profile, placement) {
             return err(NvmlCode::InsufficientResources, conflict.to_string());
         }
-        let id = (1..)
-            .find(|id| gpu.gi(*id).is_none())
-            .unwrap_or(u32::MAX);
+        let id = (1..).find(|id| gpu.gi(*id).is_none()).unwrap_or(u32::MAX);
         self.gpu_mut(index)?.gpu_instances.push(SimGi {
             id,
             profile_id,
@@ -305,9 +296,7 @@ impl SimState {
         if count >= cp.instance_count || !free(&start) {
             return err(NvmlCode::InsufficientResources, "no free compute slices in the GPU instance");
         }
-        let id = (0..)
-            .find(|id| gi.compute_instances.iter().all(|c| c.id != *id))
-            .unwrap_or(u32::MAX);
+        let id = (0..).find(|id| gi.compute_instances.iter().all(|c| c.id != *id)).unwrap_or(u32::MAX);
         self.serial += 1;
         let uuid = ids::mig_uuid(&gpu_uuid, self.serial);
         let gi = self
@@ -361,4 +350,3 @@ impl SimState {
         Ok(())
     }
 }
-

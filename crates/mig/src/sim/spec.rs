@@ -35,10 +35,8 @@ pub fn parse_spec(spec: &str) -> Result<Vec<(&'static Model, u32)>, SpecError> {
         if count == 0 || count > 64 {
             return Err(SpecError::Count(entry.to_string()));
         }
-        let model = catalog::lookup(model).ok_or_else(|| SpecError::UnknownModel {
-            model: model.trim().to_string(),
-            known: catalog::model_ids(),
-        })?;
+        let model = catalog::lookup(model)
+            .ok_or_else(|| SpecError::UnknownModel { model: model.trim().to_string(), known: catalog::model_ids() })?;
         out.push((model, count));
     }
     Ok(out)

@@ -110,9 +110,7 @@ impl SimGpu {
 
     /// Every process on the GPU, including those inside MIG instances.
     pub fn all_processes(&self) -> impl Iterator<Item = &SimProcess> {
-        self.processes
-            .iter()
-            .chain(self.gpu_instances.iter().flat_map(SimGi::all_processes))
+        self.processes.iter().chain(self.gpu_instances.iter().flat_map(SimGi::all_processes))
     }
 
     /// GI by id.
@@ -124,8 +122,6 @@ impl SimGpu {
 impl SimGi {
     /// Processes on the GI and on its compute instances.
     pub fn all_processes(&self) -> impl Iterator<Item = &SimProcess> {
-        self.processes
-            .iter()
-            .chain(self.compute_instances.iter().flat_map(|c| c.processes.iter()))
+        self.processes.iter().chain(self.compute_instances.iter().flat_map(|c| c.processes.iter()))
     }
 }

@@ -28,27 +28,17 @@ pub enum StoreError {
 
 /// Reads and validates a state file.
 pub fn load(path: &Path) -> Result<SimState, StoreError> {
-    let text = std::fs::read_to_string(path).map_err(|source| StoreError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let state: SimState = serde_json::from_str(&text).map_err(|e| StoreError::Invalid {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    state.validate().map_err(|reason| StoreError::Invalid {
-        path: path.display().to_string(),
-        reason,
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| StoreError::Io { path: path.display().to_string(), source })?;
+    let state: SimState = serde_json::from_str(&text)
+        .map_err(|e| StoreError::Invalid { path: path.display().to_string(), reason: e.to_string() })?;
+    state.validate().map_err(|reason| StoreError::Invalid { path: path.display().to_string(), reason })?;
     Ok(state)
 }
 
 /// Writes the state atomically: a sibling temporary file, fsync, then rename over `path`.
 pub fn save(path: &Path, state: &SimState) -> Result<(), StoreError> {
-    let io = |source| StoreError::Io {
-        path: path.display().to_string(),
-        source,
-    };
+    let io = |source| StoreError::Io { path: path.display().to_string(), source };
     let mut text = serde_json::to_string_pretty(state).map_err(|e| io(std::io::Error::other(e)))?;
     text.push('\n');
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state.json");

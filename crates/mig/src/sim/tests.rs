@@ -1,19 +1,15 @@
 use super::ops::Activation;
 use super::*;
-use crate::Placement;
 use crate::catalog;
 use crate::sim::state::SimProcess;
+use crate::Placement;
 
 fn node(spec: &str) -> SimState {
     SimState::new(&crate::sim::parse_spec(spec).unwrap())
 }
 
 fn proc(pid: u32) -> SimProcess {
-    SimProcess {
-        pid,
-        name: "python".into(),
-        used_memory_mib: 100,
-    }
+    SimProcess { pid, name: "python".into(), used_memory_mib: 100 }
 }
 
 #[test]
