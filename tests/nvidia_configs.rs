@@ -1,12 +1,15 @@
 //! Every config of NVIDIA's default mig-parted file that applies to a simulated GPU model applies
 //! and asserts there, one after the other on the same node (so each is also a reconfiguration).
 
+#[macro_use]
 mod support;
 
 use gpupart::backend::sim::SimBackend;
 use gpupart::backend::GpuBackend;
 use gpupart::prepare::{targets, Target};
-use support::{nvidia_config, Node};
+use support::{nvidia_config, Backend, Node};
+
+on_both_backends!(a100_80gb, a100_40gb, a30, hopper, example_configs_apply);
 
 /// Names of the default configs that resolve on `model`, with whether they touch a GPU.
 fn applicable(model: &str) -> Vec<String> {
@@ -24,10 +27,10 @@ fn applicable(model: &str) -> Vec<String> {
         .collect()
 }
 
-fn apply_all(model: &str, expect: &[&str]) {
+fn apply_all(b: Backend, model: &str, expect: &[&str]) {
     let names = applicable(model);
     assert_eq!(names, expect, "{model}");
-    let node = Node::new(&format!("{model}:2"));
+    let node = Node::with(b, &format!("{model}:2"));
     let file = nvidia_config("default-mig-parted-config.yaml");
     let file = file.to_str().unwrap();
     for name in names.iter().chain(names.iter().rev()) {
@@ -50,13 +53,11 @@ const EIGHTY_GB: [&str; 10] = [
     "all-balanced",
 ];
 
-#[test]
-fn a100_80gb() {
-    apply_all("A100-SXM4-80GB", &EIGHTY_GB);
-    apply_all("A100-PCIE-80GB", &EIGHTY_GB);
+fn a100_80gb(b: Backend) {
+    apply_all(b, "A100-SXM4-80GB", &EIGHTY_GB);
+    apply_all(b, "A100-PCIE-80GB", &EIGHTY_GB);
 }
-#[test]
-fn a100_40gb() {
+fn a100_40gb(b: Backend) {
     let expect = [
         "all-disabled",
         "all-enabled",
@@ -69,13 +70,13 @@ fn a100_40gb() {
         "all-1g.10gb",
         "all-balanced",
     ];
-    apply_all("A100-SXM4-40GB", &expect);
-    apply_all("A100-PCIE-40GB", &expect);
+    apply_all(b, "A100-SXM4-40GB", &expect);
+    apply_all(b, "A100-PCIE-40GB", &expect);
 }
 
-#[test]
-fn a30() {
+fn a30(b: Backend) {
     apply_all(
+        b,
         "A30-24GB",
         &[
             "all-disabled",
@@ -90,11 +91,11 @@ fn a30() {
     );
 }
 
-#[test]
-fn hopper() {
-    apply_all("H100-SXM5-80GB", &EIGHTY_GB);
-    apply_all("H100-PCIE-80GB", &EIGHTY_GB);
+fn hopper(b: Backend) {
+    apply_all(b, "H100-SXM5-80GB", &EIGHTY_GB);
+    apply_all(b, "H100-PCIE-80GB", &EIGHTY_GB);
     apply_all(
+        b,
         "H100-NVL-94GB",
         &[
             "all-disabled",
@@ -110,6 +111,7 @@ fn hopper() {
         ],
     );
     apply_all(
+        b,
         "H200-SXM-141GB",
         &[
             "all-disabled",
@@ -126,16 +128,15 @@ fn hopper() {
     );
 }
 
-#[test]
-fn example_configs_apply() {
-    let node = Node::new("A100-SXM4-40GB:8");
+fn example_configs_apply(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-40GB:8");
     let f = nvidia_config("mig-parted-example-config.yaml");
     let f = f.to_str().unwrap();
     for name in ["all-balanced", "custom-config", "all-1g.5gb", "all-3g.20gb", "all-disabled"] {
         node.run(&["apply", "-f", f, "-c", name]).ok();
         node.run(&["assert", "-f", f, "-c", name]).ok();
     }
-    let node = Node::new("A100-SXM4-80GB:4");
+    let node = Node::with(b, "A100-SXM4-80GB:4");
     let f = nvidia_config("mig-parted-example-dgx-station-80gb-config.yaml");
     let f = f.to_str().unwrap();
     node.run(&["apply", "-f", f, "-c", "all-balanced-dgx-station-80"]).ok();

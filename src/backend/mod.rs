@@ -1,6 +1,8 @@
 //! The GPU backend: the one trait through which gpupart observes and changes GPUs. Implemented by
 //! the in-process simulator ([`sim::SimBackend`]) and, on hardware, by NVML.
 
+pub mod nvml;
+mod nvml_ffi;
 pub mod sim;
 
 use crate::mig::sim::fault::code_name;

@@ -6,11 +6,12 @@ mod export;
 mod status;
 mod validate;
 
+use crate::backend::nvml::NvmlBackend;
 use crate::backend::sim::SimBackend;
 use crate::backend::GpuBackend;
 use crate::cli::{Cli, Command, GlobalArgs};
 use crate::config::{self, ConfigFile};
-use anyhow::{bail, Context};
+use anyhow::Context;
 use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
@@ -30,12 +31,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Opens the GPU backend the global options ask for.
 pub fn open_backend(g: &GlobalArgs) -> anyhow::Result<Box<dyn GpuBackend>> {
     if g.simulate.is_none() && g.sim_state.is_none() {
-        let lib = g.nvml_lib.as_ref().map_or_else(|| "libnvidia-ml.so.1".to_string(), |p| p.display().to_string());
-        bail!(
-            "the NVML backend is not available in this build (would load {lib}); \
-             use simulated GPUs with --simulate MODEL:COUNT (e.g. --simulate A100-SXM4-80GB:8) \
-             and optionally --sim-state FILE"
-        );
+        let backend = NvmlBackend::open(g.nvml_lib.as_deref(), g.nvidia_smi.as_deref())
+            .context("no GPU backend (pass --simulate MODEL:COUNT to use simulated GPUs)")?;
+        tracing::debug!(backend = %backend.describe(), "backend ready");
+        return Ok(Box::new(backend));
     }
     let mut backend = SimBackend::open(g.simulate.as_deref(), g.sim_state.as_deref())?;
     if let Ok(ms) = std::env::var("GPUPART_SIM_OP_DELAY_MS") {

@@ -1,10 +1,32 @@
 //! Helpers for the integration tests: run the real `gpupart` binary against a simulator state
 //! file in a temporary directory, and read or edit that state.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
+
+/// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sim {
+            $(#[test] fn $name() { super::$name(super::Backend::Sim) })*
+        }
+        mod nvml {
+            $(#[test] fn $name() { super::$name(super::Backend::Nvml) })*
+        }
+    };
+}
 
 use gpupart::mig::sim::{store, SimProcess, SimState};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+/// Which code path a test drives: the in-process simulator, or NVML through nvml-wrapper
+/// loading the fake libnvidia-ml (both over the same state-file format).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `--simulate` / `--sim-state`.
+    Sim,
+    /// `--nvml-lib target/<profile>/libfake_nvml.so` with `FAKE_NVML_STATE`.
+    Nvml,
+}
 
 /// One simulated node in a temporary directory.
 pub struct Node {
@@ -12,6 +34,27 @@ pub struct Node {
     pub dir: tempfile::TempDir,
     /// The state file.
     pub state: PathBuf,
+    /// How the binary reaches the GPUs.
+    pub backend: Backend,
+}
+
+/// The build directory of this test binary (`target/<profile>`).
+fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// The fake NVML library and stand-in nvidia-smi, built by `cargo test --workspace`.
+pub fn fake_nvml() -> (PathBuf, PathBuf) {
+    let dir = build_dir();
+    let (lib, smi) = (dir.join("libfake_nvml.so"), dir.join("fake-nvidia-smi"));
+    assert!(
+        lib.exists() && smi.exists(),
+        "{} / {} missing: run the tests with `cargo test --workspace` (or `cargo build -p fake-nvml` first)",
+        lib.display(),
+        smi.display()
+    );
+    (lib, smi)
 }
 
 /// Captured result of one binary run.
@@ -25,7 +68,8 @@ pub struct Run {
 }
 
 impl Run {
-    fn from(o: Output) -> Self {
+    /// Captures a finished process.
+    pub fn from(o: Output) -> Self {
         Self {
             code: o.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -51,18 +95,25 @@ impl Run {
     }
 }
 
+/// Environment that must not leak from the developer's shell into a test run.
+const CLEARED_ENV: &[&str] = &[
+    "GPUPART_SIMULATE",
+    "GPUPART_SIM_STATE",
+    "MIG_PARTED_CONFIG_FILE",
+    "MIG_PARTED_SELECTED_CONFIG",
+    "GPUPART_SIM_FAIL",
+    "GPUPART_SIM_OP_DELAY_MS",
+    "FAKE_NVML_FAIL",
+    "FAKE_NVML_OP_DELAY_MS",
+    "FAKE_NVML_GPUS",
+    "FAKE_NVML_STATE",
+];
+
 /// Runs the binary with `args` (no simulator options added).
 pub fn gpupart(args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gpupart"));
     c.args(args).env_remove("RUST_LOG").env("RUST_LOG", "warn");
-    for k in [
-        "GPUPART_SIMULATE",
-        "GPUPART_SIM_STATE",
-        "MIG_PARTED_CONFIG_FILE",
-        "MIG_PARTED_SELECTED_CONFIG",
-        "GPUPART_SIM_FAIL",
-        "GPUPART_SIM_OP_DELAY_MS",
-    ] {
+    for k in CLEARED_ENV {
         c.env_remove(k);
     }
     for (k, v) in env {
@@ -72,13 +123,56 @@ pub fn gpupart(args: &[&str], env: &[(&str, &str)]) -> Run {
 }
 
 impl Node {
-    /// A fresh simulated node from `MODEL:COUNT[,…]`.
+    /// A fresh simulated node from `MODEL:COUNT[,…]`, reached through the simulator backend.
     pub fn new(spec: &str) -> Self {
+        Self::with(Backend::Sim, spec)
+    }
+
+    /// A fresh simulated node reached through `backend`.
+    pub fn with(backend: Backend, spec: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state.json");
-        let n = Self { dir, state };
-        n.run(&["--simulate", spec, "status"]).ok();
-        n
+        store::save(&state, &SimState::new(&gpupart::mig::sim::parse_spec(spec).unwrap())).unwrap();
+        Self { dir, state, backend }
+    }
+
+    /// The environment variable and value that inject `spec` (`FUNCTION:NTH:CODE`) for this backend.
+    pub fn fail_env(&self, spec: &str) -> [(&'static str, String); 1] {
+        match self.backend {
+            Backend::Sim => [("GPUPART_SIM_FAIL", spec.to_string())],
+            Backend::Nvml => [("FAKE_NVML_FAIL", spec.to_string())],
+        }
+    }
+
+    /// The environment variable that sets the per-operation delay for this backend.
+    pub fn delay_var(&self) -> &'static str {
+        match self.backend {
+            Backend::Sim => "GPUPART_SIM_OP_DELAY_MS",
+            Backend::Nvml => "FAKE_NVML_OP_DELAY_MS",
+        }
+    }
+
+    /// The command that runs the binary on this node (for tests that manage the process).
+    pub fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gpupart"));
+        for k in CLEARED_ENV {
+            c.env_remove(k);
+        }
+        c.env("RUST_LOG", "warn");
+        match self.backend {
+            Backend::Sim => {
+                c.args(["--sim-state", self.state.to_str().unwrap()]);
+            }
+            Backend::Nvml => {
+                let (lib, smi) = fake_nvml();
+                c.arg("--nvml-lib").arg(lib).arg("--nvidia-smi").arg(smi).env("FAKE_NVML_STATE", &self.state);
+            }
+        }
+        c.args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c
     }
 
     /// Runs the binary on this node.
@@ -88,9 +182,7 @@ impl Node {
 
     /// Runs the binary on this node with extra environment.
     pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
-        let mut all = vec!["--sim-state", self.state.to_str().unwrap()];
-        all.extend_from_slice(args);
-        gpupart(&all, env)
+        Run::from(self.command(args, env).output().expect("run gpupart"))
     }
 
     /// Writes a config file into the node's directory and returns its path.

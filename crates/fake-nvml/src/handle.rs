@@ -54,7 +54,12 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        for h in [Handle::Device(7), Handle::GpuInstance(3, 14), Handle::ComputeInstance(1, 2, 3), Handle::MigDevice(0, 9, 0)] {
+        for h in [
+            Handle::Device(7),
+            Handle::GpuInstance(3, 14),
+            Handle::ComputeInstance(1, 2, 3),
+            Handle::MigDevice(0, 9, 0),
+        ] {
             assert_eq!(Handle::decode(h.encode::<u8>()), Some(h));
         }
         assert_eq!(Handle::decode(std::ptr::null_mut::<u8>()), None);

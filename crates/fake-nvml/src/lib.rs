@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! A fake `libnvidia-ml.so.1`: the NVML C ABI over gpupart's MIG simulator.
 //!
 //! Build it (`cargo build -p fake-nvml`) and point an NVML consumer at

@@ -8,8 +8,7 @@ use gpupart_mig::sim::{SimGi, SimGpu};
 use gpupart_mig::{CiProfile, GiProfile, Placement};
 use nvml_wrapper_sys::bindings::{
     nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t, nvmlComputeInstanceProfileInfo_t,
-    nvmlComputeInstanceProfileInfo_v2_t, nvmlComputeInstanceProfileInfo_v3_t, nvmlComputeInstance_t,
-    nvmlGpuInstance_t,
+    nvmlComputeInstanceProfileInfo_v2_t, nvmlComputeInstanceProfileInfo_v3_t, nvmlComputeInstance_t, nvmlGpuInstance_t,
 };
 use std::os::raw::c_uint;
 

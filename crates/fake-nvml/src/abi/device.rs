@@ -5,9 +5,7 @@ use crate::handle::Handle;
 use crate::runtime::{read, Ret, INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, VERSION_MISMATCH};
 use gpupart_mig::catalog::{Arch, Model};
 use gpupart_mig::sim::{SimGpu, SimProcess, SimState};
-use nvml_wrapper_sys::bindings::{
-    nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t,
-};
+use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_uint};
 
@@ -134,7 +132,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_ch
 }
 
 /// The physical GPU behind a physical or MIG device handle.
-pub(crate) fn parent<'a>(s: &'a SimState, device: nvmlDevice_t) -> Result<&'a SimGpu, Ret> {
+pub(crate) fn parent(s: &SimState, device: nvmlDevice_t) -> Result<&SimGpu, Ret> {
     match Handle::decode(device) {
         Some(Handle::MigDevice(..)) => Ok(ci_of(s, device)?.0),
         _ => gpu_of(s, device),
@@ -306,7 +304,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *
 }
 
 fn info(p: &SimProcess, gi: c_uint, ci: c_uint) -> nvmlProcessInfo_t {
-    nvmlProcessInfo_t { pid: p.pid, usedGpuMemory: p.used_memory_mib * 1024 * 1024, gpuInstanceId: gi, computeInstanceId: ci }
+    nvmlProcessInfo_t {
+        pid: p.pid,
+        usedGpuMemory: p.used_memory_mib * 1024 * 1024,
+        gpuInstanceId: gi,
+        computeInstanceId: ci,
+    }
 }
 
 /// Processes visible through a handle, with their GI/CI ids.

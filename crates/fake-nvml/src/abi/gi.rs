@@ -280,7 +280,12 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceRemainingCapacity(
     })
 }
 
-fn create(device: nvmlDevice_t, profile_id: c_uint, placement: Option<Placement>, out: *mut nvmlGpuInstance_t) -> Result<(), Ret> {
+fn create(
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placement: Option<Placement>,
+    out: *mut nvmlGpuInstance_t,
+) -> Result<(), Ret> {
     if out.is_null() {
         return Err(INVALID_ARGUMENT);
     }
@@ -391,7 +396,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
 /// # Safety
 /// See the module contract in `abi`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(gpu_instance: nvmlGpuInstance_t, info: *mut nvmlGpuInstanceInfo_t) -> Ret {
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    gpu_instance: nvmlGpuInstance_t,
+    info: *mut nvmlGpuInstanceInfo_t,
+) -> Ret {
     call("nvmlGpuInstanceGetInfo", || {
         read(|s| {
             let (gpu, gi) = gi_of(s, gpu_instance)?;

@@ -106,7 +106,10 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 /// # Safety
 /// See the module contract in `abi`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(device: nvmlDevice_t, attributes: *mut nvmlDeviceAttributes_t) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+    device: nvmlDevice_t,
+    attributes: *mut nvmlDeviceAttributes_t,
+) -> Ret {
     call("nvmlDeviceGetAttributes_v2", || {
         read(|s| {
             if !matches!(Handle::decode(device), Some(Handle::MigDevice(..))) {

@@ -177,7 +177,7 @@ pub fn model_ids() -> String {
 ///
 /// From the go-nvml A100 mock and `nvidia-smi mig -lcip` transcripts (mig-hardware.md §5.2);
 /// the 4g and 7g CI tables are UNV on hardware. CI REV1 (id 7) is not modelled.
-fn ci_profiles(gi_slices: u32, gi_sm: u32) -> Vec<CiProfile> {
+pub fn ci_profiles(gi_slices: u32, gi_sm: u32) -> Vec<CiProfile> {
     let rows: &[(u32, u32, u32, &[u32])] = match gi_slices {
         1 => &[(0, 1, 1, &[0])],
         2 => &[(0, 1, 2, &[0, 1]), (1, 2, 1, &[0])],

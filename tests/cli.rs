@@ -1,12 +1,25 @@
-//! End-to-end tests of the real binary on simulated GPUs (`--simulate`, `--sim-state`).
+//! End-to-end tests of the real binary. Each scenario runs twice: on the in-process simulator
+//! (`--sim-state`) and through NVML (nvml-wrapper loading the fake libnvidia-ml, `--nvml-lib`).
 
+#[macro_use]
 mod support;
 
-use support::{example_config, gpupart, layout, nvidia_config, Node};
+use support::{example_config, gpupart, layout, nvidia_config, Backend, Node};
 
-#[test]
-fn apply_assert_export_round_trip() {
-    let node = Node::new("A100-SXM4-80GB:8");
+on_both_backends!(
+    apply_assert_export_round_trip,
+    second_apply_changes_nothing,
+    reconfiguration_keeps_what_can_stay,
+    busy_instances_block_and_nothing_changes,
+    infeasible_and_unknown_layouts_are_refused_before_anything_changes,
+    mixed_node_with_gpus_without_mig,
+    mig_mode_reset_only_where_needed,
+    dry_run_plans_without_touching,
+    injected_failure_reports_changes_and_rolls_back_the_half_created_instance,
+);
+
+fn apply_assert_export_round_trip(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:8");
     let cfg = example_config();
     node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).failed();
     let out = node.apply(&cfg, "all-balanced");
@@ -23,7 +36,7 @@ fn apply_assert_export_round_trip() {
     // Export, then apply the export on a fresh node: the same layout, placements included.
     let exported = node.run(&["export"]).ok().stdout;
     assert!(exported.contains("# gpupart placements GPU 0:"), "{exported}");
-    let fresh = Node::new("A100-SXM4-80GB:8");
+    let fresh = Node::with(b, "A100-SXM4-80GB:8");
     let file = fresh.config("export.yaml", &exported);
     fresh.apply(&file, "current");
     fresh.run(&["assert", "-f", &file, "-c", "current"]).ok();
@@ -35,9 +48,8 @@ fn apply_assert_export_round_trip() {
     node.run(&["assert", "-f", &jf, "-c", "snap"]).ok();
 }
 
-#[test]
-fn second_apply_changes_nothing() {
-    let node = Node::new("H100-SXM5-80GB:2");
+fn second_apply_changes_nothing(b: Backend) {
+    let node = Node::with(b, "H100-SXM5-80GB:2");
     let cfg = example_config();
     node.apply(&cfg, "mixed-3g-2g");
     let before = std::fs::read(&node.state).unwrap();
@@ -47,9 +59,8 @@ fn second_apply_changes_nothing() {
     assert_eq!(std::fs::read(&node.state).unwrap(), before, "state file untouched");
 }
 
-#[test]
-fn reconfiguration_keeps_what_can_stay() {
-    let node = Node::new("A100-SXM4-80GB:1");
+fn reconfiguration_keeps_what_can_stay(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:1");
     let cfg = example_config();
     node.apply(&cfg, "all-balanced");
     let before = node.status();
@@ -63,9 +74,8 @@ fn reconfiguration_keeps_what_can_stay() {
     assert_eq!(kept, 2, "the 3g.40gb and 2g.20gb MIG devices survive with their UUIDs");
 }
 
-#[test]
-fn busy_instances_block_and_nothing_changes() {
-    let node = Node::new("A100-SXM4-80GB:2");
+fn busy_instances_block_and_nothing_changes(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
     let cfg = example_config();
     node.apply(&cfg, "all-1g.10gb");
     let gi = node.load().gpus[1].gpu_instances.iter().find(|g| g.placement.start == 4).unwrap().id;
@@ -74,7 +84,7 @@ fn busy_instances_block_and_nothing_changes() {
     let r = node.run(&["apply", "-f", &cfg, "-c", "all-balanced"]).failed();
     let text = r.all();
     assert!(text.contains("nothing was changed"), "{text}");
-    assert!(text.contains("GPU 1") && text.contains("31337 (vllm)"), "{text}");
+    assert!(text.contains("GPU 1") && text.contains("used by pid 31337"), "{text}");
     assert!(text.contains("--force"), "{text}");
     assert_eq!(node.load(), before, "no GPU was touched, not even the idle one");
     // A layout that keeps the busy instance where it is goes through.
@@ -90,9 +100,8 @@ fn busy_instances_block_and_nothing_changes() {
     assert!(r.all().contains("NVML_ERROR_IN_USE"), "{}", r.all());
 }
 
-#[test]
-fn infeasible_and_unknown_layouts_are_refused_before_anything_changes() {
-    let node = Node::new("A100-SXM4-80GB:2");
+fn infeasible_and_unknown_layouts_are_refused_before_anything_changes(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
     let bad = node.config(
         "bad.yaml",
         "version: v1\nmig-configs:\n  three:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 3}\n  \
@@ -113,9 +122,8 @@ fn infeasible_and_unknown_layouts_are_refused_before_anything_changes() {
     assert_eq!(std::fs::read(&node.state).unwrap(), before);
 }
 
-#[test]
-fn mixed_node_with_gpus_without_mig() {
-    let node = Node::new("A100-SXM4-80GB:2,V100-SXM2-16GB:2");
+fn mixed_node_with_gpus_without_mig(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2,V100-SXM2-16GB:2");
     let cfg = example_config();
     let out = node.apply(&cfg, "all-balanced");
     assert!(out.stdout.contains("GPU 2 V100-SXM2-16GB") && out.stdout.contains("left alone"), "{}", out.stdout);
@@ -135,9 +143,8 @@ fn mixed_node_with_gpus_without_mig() {
     assert!(st.gpus.iter().all(|g| !g.mig_mode.current && g.gpu_instances.is_empty()));
 }
 
-#[test]
-fn mig_mode_reset_only_where_needed() {
-    let node = Node::new("A100-SXM4-40GB:1,H100-SXM5-80GB:1");
+fn mig_mode_reset_only_where_needed(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-40GB:1,H100-SXM5-80GB:1");
     let cfg = node.config(
         "on.yaml",
         "version: v1\nmig-configs:\n  on:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {}\n",
@@ -158,14 +165,13 @@ fn mig_mode_reset_only_where_needed() {
     node.run(&["apply", "-f", &cfg]).ok();
     node.run(&["assert", "-f", &cfg]).ok();
     // --skip-reset leaves a pending mode as "reset required".
-    let node = Node::new("A30-24GB:1");
+    let node = Node::with(b, "A30-24GB:1");
     let r = node.run(&["apply", "-f", &cfg, "--skip-reset"]).failed();
     assert!(r.all().contains("--skip-reset was given"), "{}", r.all());
 }
 
-#[test]
-fn dry_run_plans_without_touching() {
-    let node = Node::new("H200-SXM-141GB:2");
+fn dry_run_plans_without_touching(b: Backend) {
+    let node = Node::with(b, "H200-SXM-141GB:2");
     let cfg = node.config(
         "h200.yaml",
         "version: v1\nmig-configs:\n  b:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 2, \"2g.35gb\": 1, \"3g.71gb\": 1}\n",
@@ -177,18 +183,13 @@ fn dry_run_plans_without_touching() {
     assert_eq!(std::fs::read(&node.state).unwrap(), before);
 }
 
-#[test]
-fn injected_failure_reports_changes_and_rolls_back_the_half_created_instance() {
-    let node = Node::new("A100-SXM4-80GB:1");
+fn injected_failure_reports_changes_and_rolls_back_the_half_created_instance(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:1");
     let cfg = example_config();
     node.apply(&cfg, "all-1g.10gb");
     // The 2nd CI creation fails: the 2g.20gb GI created for it is destroyed again.
-    let r = node
-        .run_env(
-            &["apply", "-f", &cfg, "-c", "mixed-3g-2g"],
-            &[("GPUPART_SIM_FAIL", "nvmlGpuInstanceCreateComputeInstanceWithPlacement:2:NVML_ERROR_UNKNOWN")],
-        )
-        .failed();
+    let [(var, spec)] = node.fail_env("nvmlGpuInstanceCreateComputeInstanceWithPlacement:2:NVML_ERROR_UNKNOWN");
+    let r = node.run_env(&["apply", "-f", &cfg, "-c", "mixed-3g-2g"], &[(var, &spec)]).failed();
     let text = r.all();
     assert!(text.contains("NVML_ERROR_UNKNOWN (999)"), "{text}");
     assert!(text.contains("changed before the failure:") && text.contains("rolled back"), "{text}");
@@ -257,8 +258,9 @@ mig-configs:
 
 #[test]
 fn commands_without_a_backend_fail_clearly() {
-    let r = gpupart(&["status"], &[]).failed();
-    assert!(r.stderr.contains("NVML backend is not available") && r.stderr.contains("--simulate"), "{}", r.stderr);
+    let r = gpupart(&["--nvml-lib", "/nonexistent/libnvidia-ml.so.1", "status"], &[]).failed();
+    assert!(r.stderr.contains("cannot load NVML from /nonexistent/libnvidia-ml.so.1"), "{}", r.stderr);
+    assert!(r.stderr.contains("--simulate"), "{}", r.stderr);
     let r = gpupart(&["--simulate", "B200:8", "status"], &[]).failed();
     assert!(r.stderr.contains("unknown GPU model 'B200'"), "{}", r.stderr);
     let dir = tempfile::tempdir().unwrap();
