@@ -158,12 +158,19 @@ impl NvmlBackend {
             };
             let (gi_id, ci_id) = raw.mig_ids(handle(&mig)).map_err(|e| self.err(gpu, e))?;
             let uuid = mig.uuid().map_err(|e| wrap(gpu, "nvmlDeviceGetUUID", e))?;
-            let procs = processes(gpu, &mig)?;
+            let procs = processes(gpu, &mig)?.into_iter().map(|p| p.0).collect();
             if let Some(ci) =
                 out.iter_mut().find(|g| g.id == gi_id).and_then(|g| g.cis.iter_mut().find(|c| c.id == ci_id))
             {
                 ci.uuid = uuid;
                 ci.processes = procs;
+            }
+        }
+        // Processes on a GPU instance outside its compute instances show only on the parent.
+        for p in processes(gpu, dev)? {
+            let (Some(gi_id), None) = (p.1, p.2) else { continue };
+            if let Some(gi) = out.iter_mut().find(|g| g.id == gi_id) {
+                gi.processes.push(p.0);
             }
         }
         Ok(out)
@@ -174,17 +181,21 @@ fn process_name(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
-fn processes(gpu: u32, dev: &Device<'_>) -> Result<Vec<Process>, BackendError> {
+/// Running compute processes of a device handle, with their GI and CI ids when MIG is on.
+fn processes(gpu: u32, dev: &Device<'_>) -> Result<Vec<(Process, Option<u32>, Option<u32>)>, BackendError> {
     let list = dev.running_compute_processes().map_err(|e| wrap(gpu, "nvmlDeviceGetComputeRunningProcesses_v3", e))?;
     Ok(list
         .into_iter()
-        .map(|p| Process {
-            pid: p.pid,
-            name: process_name(p.pid),
-            used_memory_mib: match p.used_gpu_memory {
-                UsedGpuMemory::Used(b) => b / (1024 * 1024),
-                UsedGpuMemory::Unavailable => 0,
-            },
+        .map(|p| {
+            let proc = Process {
+                pid: p.pid,
+                name: process_name(p.pid),
+                used_memory_mib: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b / (1024 * 1024),
+                    UsedGpuMemory::Unavailable => 0,
+                },
+            };
+            (proc, p.gpu_instance_id, p.compute_instance_id)
         })
         .collect())
 }
@@ -227,7 +238,11 @@ impl GpuBackend for NvmlBackend {
         };
         let mig_on = mode.is_some_and(|m| m.current);
         let instances = if mig_on { self.instances(gpu, &dev, &profiles)? } else { Vec::new() };
-        let gpu_processes = if mig_on { Vec::new() } else { processes(gpu, &dev)? };
+        let gpu_processes = if mig_on {
+            Vec::new()
+        } else {
+            processes(gpu, &dev)?.into_iter().map(|p| p.0).collect()
+        };
         Ok(GpuState { info, mig_mode: mode.unwrap_or_default(), profiles, instances, processes: gpu_processes })
     }
 

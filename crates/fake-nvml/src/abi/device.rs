@@ -316,7 +316,7 @@ fn info(p: &SimProcess, gi: c_uint, ci: c_uint) -> nvmlProcessInfo_t {
 fn processes(s: &SimState, device: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_t>, Ret> {
     if let Some(Handle::MigDevice(..)) = Handle::decode(device) {
         let (_, gi, ci) = ci_of(s, device)?;
-        return Ok(gi.processes.iter().chain(&ci.processes).map(|p| info(p, gi.id, ci.id)).collect());
+        return Ok(ci.processes.iter().map(|p| info(p, gi.id, ci.id)).collect());
     }
     let gpu = gpu_of(s, device)?;
     let mut out: Vec<_> = gpu.processes.iter().map(|p| info(p, NO_ID, NO_ID)).collect();
