@@ -79,6 +79,92 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Show GPUs, MIG modes, instances and free capacity.
     Status(StatusArgs),
+    /// Run the node agent: keep the GPUs in the layout the node label (or a file) asks for.
+    Agent(Box<AgentArgs>),
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid duration '{s}': expected e.g. 500ms, 30s, 5m, 1h"))?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n.saturating_mul(1000),
+        "m" => n.saturating_mul(60_000),
+        "h" => n.saturating_mul(3_600_000),
+        _ => return Err(format!("invalid duration unit in '{s}': use ms, s, m or h")),
+    };
+    Ok(std::time::Duration::from_millis(ms))
+}
+
+/// `agent` options.
+#[derive(Debug, Args, Clone)]
+pub struct AgentArgs {
+    /// Config file in mig-parted v1 format (a ConfigMap mount is fine: changes are picked up).
+    #[arg(short = 'f', long = "config-file", value_name = "FILE", env = "CONFIG_FILE")]
+    pub config_file: PathBuf,
+    /// This node's name (Kubernetes mode).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Node label holding the layout name.
+    #[arg(long, default_value = "nvidia.com/mig.config")]
+    pub label_key: String,
+    /// Reconcile this often even without changes, to repair drift.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub resync_interval: std::time::Duration,
+    /// First retry delay after a failure (doubles up to --retry-max, with jitter).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub retry_min: std::time::Duration,
+    /// Longest retry delay.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub retry_max: std::time::Duration,
+    /// How often bare-metal mode checks the layout and config files for changes.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: std::time::Duration,
+    /// Reboot the node when only a reboot can apply a MIG mode (at most once per change).
+    #[arg(long)]
+    pub allow_reboot: bool,
+    /// Command used to reboot.
+    #[arg(long, default_value = "systemctl reboot")]
+    pub reboot_command: String,
+    /// Marks that a reboot was attempted, so a mode that still fails after it does not loop.
+    #[arg(long, default_value = "/var/lib/gpupart/reboot-attempted")]
+    pub reboot_guard: PathBuf,
+    /// Layout to apply when none is requested.
+    #[arg(long, value_name = "NAME")]
+    pub default_layout: Option<String>,
+    /// Pause NVIDIA GPU Operator clients (gpu.deploy.* labels) during a change.
+    #[arg(long)]
+    pub pause_gpu_clients: bool,
+    /// Longest wait for paused clients to stop.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub pause_timeout: std::time::Duration,
+    /// Destroy busy instances when no plan can keep them.
+    #[arg(long)]
+    pub force: bool,
+    /// Bare-metal mode: no Kubernetes; the layout comes from --layout or --layout-file.
+    #[arg(long)]
+    pub no_kube: bool,
+    /// Layout name (bare-metal mode).
+    #[arg(long, value_name = "NAME", conflicts_with = "layout_file")]
+    pub layout: Option<String>,
+    /// File holding the layout name (bare-metal mode); re-read on change and on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub layout_file: Option<PathBuf>,
+    /// Write the agent's state as JSON here (bare-metal mode).
+    #[arg(long, value_name = "FILE")]
+    pub status_file: Option<PathBuf>,
+    /// Listen address for /healthz, /readyz and /metrics.
+    #[arg(long, default_value = crate::http::DEFAULT_ADDR)]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Node-local lock file: a second agent on the node refuses to start.
+    #[arg(long, default_value = "/run/gpupart/agent.lock")]
+    pub lock_file: PathBuf,
+    /// GPUs reconfigured at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub parallel: u32,
 }
 
 /// Which config file and config.

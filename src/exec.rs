@@ -103,6 +103,14 @@ pub enum ExecError {
         /// Why the reset was not done.
         reason: String,
     },
+    /// The platform exposes no GPU reset (pass-through): only a reboot applies the mode.
+    #[error("reboot required: MIG mode {mode} on GPU {gpu} can only be applied by rebooting the node")]
+    RebootRequired {
+        /// GPU index.
+        gpu: u32,
+        /// `enabled` or `disabled`.
+        mode: &'static str,
+    },
     /// The driver refused the mode change because the GPU is in use.
     #[error("GPU {gpu}: MIG mode change refused, the GPU is in use ({detail})")]
     ModeInUse {
@@ -274,11 +282,7 @@ impl Run<'_> {
                     },
                 })
             }
-            ModeActivation::RebootRequired => Err(ExecError::ResetRequired {
-                gpu: self.gpu,
-                mode,
-                reason: "the platform exposes no GPU reset (a reboot is required)".into(),
-            }),
+            ModeActivation::RebootRequired => Err(ExecError::RebootRequired { gpu: self.gpu, mode }),
             ModeActivation::PendingReset => {
                 if self.skip_reset {
                     return Err(ExecError::ResetRequired {

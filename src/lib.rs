@@ -6,11 +6,13 @@
 
 pub use gpupart_mig as mig;
 
+pub mod agent;
 pub mod backend;
 pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod exec;
+pub mod http;
 pub mod layout;
 pub mod logging;
 pub mod observed;

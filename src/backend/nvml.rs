@@ -181,8 +181,11 @@ fn process_name(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
+/// A running process and, with MIG on, the GI and CI it runs in.
+type Placed = (Process, Option<u32>, Option<u32>);
+
 /// Running compute processes of a device handle, with their GI and CI ids when MIG is on.
-fn processes(gpu: u32, dev: &Device<'_>) -> Result<Vec<(Process, Option<u32>, Option<u32>)>, BackendError> {
+fn processes(gpu: u32, dev: &Device<'_>) -> Result<Vec<Placed>, BackendError> {
     let list = dev.running_compute_processes().map_err(|e| wrap(gpu, "nvmlDeviceGetComputeRunningProcesses_v3", e))?;
     Ok(list
         .into_iter()
@@ -238,11 +241,7 @@ impl GpuBackend for NvmlBackend {
         };
         let mig_on = mode.is_some_and(|m| m.current);
         let instances = if mig_on { self.instances(gpu, &dev, &profiles)? } else { Vec::new() };
-        let gpu_processes = if mig_on {
-            Vec::new()
-        } else {
-            processes(gpu, &dev)?.into_iter().map(|p| p.0).collect()
-        };
+        let gpu_processes = if mig_on { Vec::new() } else { processes(gpu, &dev)?.into_iter().map(|p| p.0).collect() };
         Ok(GpuState { info, mig_mode: mode.unwrap_or_default(), profiles, instances, processes: gpu_processes })
     }
 

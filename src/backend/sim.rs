@@ -5,19 +5,25 @@
 use super::{BackendError, GpuBackend, ModeActivation};
 use crate::mig::sim::fault::Faults;
 use crate::mig::sim::ops::Activation;
-use crate::mig::sim::{store, SimError, SimGpu, SimProcess, SimState};
+use crate::mig::sim::store::{self, SharedFile, UpdateError};
+use crate::mig::sim::{SimError, SimGpu, SimProcess, SimState};
 use crate::mig::Placement;
 use crate::observed::{CiState, GiState, GpuInfo, GpuState, MigMode, Process};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-/// Simulated GPUs, optionally persisted to a state file.
+/// Simulated GPUs, optionally persisted to a state file shared with other processes.
 pub struct SimBackend {
-    state: Mutex<SimState>,
+    inner: Mutex<Inner>,
     path: Option<PathBuf>,
     op_delay: Duration,
     faults: Mutex<Faults>,
+}
+
+struct Inner {
+    state: SimState,
+    file: Option<SharedFile>,
 }
 
 fn to_process(p: &SimProcess) -> Process {
@@ -27,7 +33,13 @@ fn to_process(p: &SimProcess) -> Process {
 impl SimBackend {
     /// A backend over `state`, saved to `path` after each change when given.
     pub fn new(state: SimState, path: Option<PathBuf>) -> Self {
-        Self { state: Mutex::new(state), path, op_delay: Duration::ZERO, faults: Mutex::new(Faults::default()) }
+        let file = path.as_deref().map(SharedFile::new);
+        Self {
+            inner: Mutex::new(Inner { state, file }),
+            path,
+            op_delay: Duration::ZERO,
+            faults: Mutex::new(Faults::default()),
+        }
     }
 
     /// Opens the simulator the CLI way: the state file when it exists, else a new node from
@@ -67,11 +79,21 @@ impl SimBackend {
 
     /// A copy of the current state.
     pub fn snapshot(&self) -> SimState {
-        self.lock().clone()
+        self.lock().state.clone()
     }
 
-    fn lock(&self) -> MutexGuard<'_, SimState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current state, re-read first if another process changed the file.
+    fn current(&self) -> Result<MutexGuard<'_, Inner>, BackendError> {
+        let mut g = self.lock();
+        let Inner { state, file } = &mut *g;
+        if let Some(f) = file {
+            f.refresh(state).map_err(|e| BackendError::Unavailable(e.to_string()))?;
+        }
+        Ok(g)
     }
 
     /// Runs one mutating simulator call: delay, injected fault, change a copy, save, commit.
@@ -88,13 +110,20 @@ impl SimBackend {
             return Err(BackendError::call(gpu, function, code, "injected fault"));
         }
         let mut guard = self.lock();
-        let mut next = guard.clone();
-        let out = op(&mut next).map_err(|e| BackendError::call(gpu, function, e.code as u32, e.detail))?;
-        if let Some(path) = &self.path {
-            store::save(path, &next).map_err(|e| BackendError::Persist(e.to_string()))?;
+        let Inner { state, file } = &mut *guard;
+        let call = |e: SimError| BackendError::call(gpu, function, e.code as u32, e.detail);
+        match file {
+            Some(f) => f.update(state, op).map_err(|e| match e {
+                UpdateError::Change(e) => call(e),
+                UpdateError::Store(e) => BackendError::Persist(e.to_string()),
+            }),
+            None => {
+                let mut next = state.clone();
+                let out = op(&mut next).map_err(call)?;
+                *state = next;
+                Ok(out)
+            }
         }
-        *guard = next;
-        Ok(out)
     }
 }
 
@@ -145,7 +174,7 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
 
 impl GpuBackend for SimBackend {
     fn describe(&self) -> String {
-        let n = self.lock().gpus.len();
+        let n = self.lock().state.gpus.len();
         match &self.path {
             Some(p) => format!("simulator: {n} GPUs, state in {}", p.display()),
             None => format!("simulator: {n} GPUs, in memory"),
@@ -153,12 +182,13 @@ impl GpuBackend for SimBackend {
     }
 
     fn gpu_count(&self) -> Result<u32, BackendError> {
-        Ok(self.lock().gpus.len() as u32)
+        Ok(self.current()?.state.gpus.len() as u32)
     }
 
     fn observe(&self, gpu: u32) -> Result<GpuState, BackendError> {
-        let state = self.lock();
-        let g = state
+        let inner = self.current()?;
+        let g = inner
+            .state
             .gpu(gpu)
             .map_err(|e| BackendError::call(gpu, "nvmlDeviceGetHandleByIndex_v2", e.code as u32, e.detail))?;
         observe_gpu(g)

@@ -25,6 +25,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Export(a) => export::run(&cli.global, &a),
         Command::Validate(a) => validate::run(&cli.global, &a),
         Command::Status(a) => status::run(&cli.global, &a),
+        Command::Agent(a) => crate::agent::run(&cli.global, &a),
     }
 }
 

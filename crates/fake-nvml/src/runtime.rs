@@ -4,11 +4,11 @@
 //! delay is slept before any lock is taken, so calls on different GPUs overlap.
 
 use gpupart_mig::sim::fault::Faults;
-use gpupart_mig::sim::{parse_spec, store, SimError, SimState};
-use std::fs::File;
+use gpupart_mig::sim::store::{self, SharedFile, UpdateError};
+use gpupart_mig::sim::{parse_spec, SimError, SimState};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// `nvmlReturn_t`.
 pub type Ret = u32;
@@ -34,9 +34,8 @@ pub const DEFAULT_GPUS: &str = "A100-SXM4-80GB:8";
 
 /// The loaded node and its configuration.
 pub struct Runtime {
-    path: Option<PathBuf>,
+    file: Option<SharedFile>,
     state: SimState,
-    stamp: Option<(SystemTime, u64)>,
     faults: Faults,
     op_delay: Duration,
     refcount: u32,
@@ -53,37 +52,6 @@ fn complain(msg: &str) -> Ret {
     UNKNOWN
 }
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len()))
-}
-
-/// Holds the cross-process lock of a state file while alive.
-struct FileLock(Option<File>);
-
-impl FileLock {
-    fn take(path: Option<&Path>) -> Result<Self, Ret> {
-        let Some(path) = path else { return Ok(Self(None)) };
-        let lock_path = path.with_extension("lock");
-        let f = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| complain(&format!("{}: {e}", lock_path.display())))?;
-        f.lock().map_err(|e| complain(&format!("{}: {e}", lock_path.display())))?;
-        Ok(Self(Some(f)))
-    }
-}
-
-impl Drop for FileLock {
-    fn drop(&mut self) {
-        if let Some(f) = &self.0 {
-            let _ = f.unlock();
-        }
-    }
-}
-
 impl Runtime {
     fn from_env() -> Result<Self, Ret> {
         let faults = Faults::parse(&std::env::var("FAKE_NVML_FAIL").unwrap_or_default())
@@ -94,33 +62,24 @@ impl Runtime {
             ),
             Err(_) => Duration::ZERO,
         };
-        let path = std::env::var_os("FAKE_NVML_STATE").map(PathBuf::from);
-        let _guard = FileLock::take(path.as_deref())?;
-        let state = match &path {
-            Some(p) if p.exists() => store::load(p).map_err(|e| complain(&e.to_string()))?,
-            _ => {
-                let spec = std::env::var("FAKE_NVML_GPUS").unwrap_or_else(|_| DEFAULT_GPUS.to_string());
-                let parsed = parse_spec(&spec).map_err(|e| complain(&format!("FAKE_NVML_GPUS: {e}")))?;
-                let state = SimState::new(&parsed);
-                if let Some(p) = &path {
-                    store::save(p, &state).map_err(|e| complain(&e.to_string()))?;
-                }
-                state
-            }
+        let spec = std::env::var("FAKE_NVML_GPUS").unwrap_or_else(|_| DEFAULT_GPUS.to_string());
+        let fresh = || -> Result<SimState, Ret> {
+            let parsed = parse_spec(&spec).map_err(|e| complain(&format!("FAKE_NVML_GPUS: {e}")))?;
+            Ok(SimState::new(&parsed))
         };
-        let stamp = path.as_deref().and_then(stamp);
-        Ok(Self { path, state, stamp, faults, op_delay, refcount: 1 })
-    }
-
-    /// Re-reads the state file if another process changed it.
-    fn refresh(&mut self) -> Result<(), Ret> {
-        let Some(path) = &self.path else { return Ok(()) };
-        let now = stamp(path);
-        if now != self.stamp {
-            self.state = store::load(path).map_err(|e| complain(&e.to_string()))?;
-            self.stamp = now;
+        let Some(path) = std::env::var_os("FAKE_NVML_STATE").map(PathBuf::from) else {
+            return Ok(Self { file: None, state: fresh()?, faults, op_delay, refcount: 1 });
+        };
+        let mut file = SharedFile::new(&path);
+        let mut state = fresh()?;
+        if path.exists() {
+            state = store::load(&path).map_err(|e| complain(&e.to_string()))?;
+        } else {
+            // Created under the lock; `update` keeps a file another process created meanwhile.
+            file.update(&mut state, |_| Ok::<(), ()>(()))
+                .map_err(|_| complain(&format!("cannot create {}", path.display())))?;
         }
-        Ok(())
+        Ok(Self { file: Some(SharedFile::new(&path)), state, faults, op_delay, refcount: 1 })
     }
 }
 
@@ -171,7 +130,9 @@ pub fn enter(function: &str) -> Result<(), Ret> {
 pub fn read<T>(f: impl FnOnce(&SimState) -> Result<T, Ret>) -> Result<T, Ret> {
     let mut g = lock();
     let rt = g.as_mut().ok_or(UNINITIALIZED)?;
-    rt.refresh()?;
+    if let Some(file) = &mut rt.file {
+        file.refresh(&mut rt.state).map_err(|e| complain(&e.to_string()))?;
+    }
     f(&rt.state)
 }
 
@@ -183,25 +144,28 @@ pub fn write<T>(f: impl FnOnce(&mut SimState) -> Result<T, SimError>) -> Result<
     }
     let mut g = lock();
     let rt = g.as_mut().ok_or(UNINITIALIZED)?;
-    let _file = FileLock::take(rt.path.as_deref())?;
-    if let Some(p) = &rt.path {
-        rt.state = store::load(p).map_err(|e| complain(&e.to_string()))?;
+    match &mut rt.file {
+        Some(file) => file.update(&mut rt.state, f).map_err(|e| match e {
+            UpdateError::Change(e) => e.code as Ret,
+            UpdateError::Store(e) => complain(&e.to_string()),
+        }),
+        None => {
+            let mut next = rt.state.clone();
+            let out = f(&mut next).map_err(|e| e.code as Ret)?;
+            rt.state = next;
+            Ok(out)
+        }
     }
-    let mut next = rt.state.clone();
-    let out = f(&mut next).map_err(|e| e.code as Ret)?;
-    if let Some(p) = &rt.path {
-        store::save(p, &next).map_err(|e| complain(&e.to_string()))?;
-        rt.stamp = stamp(p);
-    }
-    rt.state = next;
-    Ok(out)
 }
 
 /// Applies a change to a state file directly (used by `fake-nvidia-smi`), under the same lock.
 pub fn write_file<T>(path: &Path, f: impl FnOnce(&mut SimState) -> Result<T, SimError>) -> Result<T, String> {
-    let _file = FileLock::take(Some(path)).map_err(|_| format!("cannot lock {}", path.display()))?;
-    let mut state = store::load(path).map_err(|e| e.to_string())?;
-    let out = f(&mut state).map_err(|e| e.to_string())?;
-    store::save(path, &state).map_err(|e| e.to_string())?;
-    Ok(out)
+    if !path.exists() {
+        return Err(format!("{} does not exist", path.display()));
+    }
+    let mut state = SimState::new(&[]);
+    SharedFile::new(path).update(&mut state, f).map_err(|e| match e {
+        UpdateError::Change(e) => e.to_string(),
+        UpdateError::Store(e) => e.to_string(),
+    })
 }

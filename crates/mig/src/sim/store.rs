@@ -49,3 +49,76 @@ pub fn save(path: &Path, state: &SimState) -> Result<(), StoreError> {
     drop(f);
     std::fs::rename(&tmp, path).map_err(io)
 }
+
+/// A state file shared between processes (the CLI, the agent, the fake NVML library, test
+/// harnesses): re-read when another process changed it, and changed under an exclusive lock on a
+/// sibling `.lock` file so concurrent writers never lose each other's changes.
+#[derive(Debug)]
+pub struct SharedFile {
+    path: std::path::PathBuf,
+    stamp: Option<(std::time::SystemTime, u64)>,
+}
+
+/// Why a locked update failed: the store, or the change itself.
+#[derive(Debug)]
+pub enum UpdateError<E> {
+    /// Locking, reading or writing the file failed.
+    Store(StoreError),
+    /// The change returned an error; nothing was written.
+    Change(E),
+}
+
+fn stamp_of(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+impl SharedFile {
+    /// Tracks `path`, taking its current version as already loaded.
+    pub fn new(path: &Path) -> Self {
+        Self { path: path.to_path_buf(), stamp: stamp_of(path) }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> Result<std::fs::File, StoreError> {
+        let lock_path = self.path.with_extension("lock");
+        let io = |source| StoreError::Io { path: lock_path.display().to_string(), source };
+        let f = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(io)?;
+        f.lock().map_err(io)?;
+        Ok(f)
+    }
+
+    /// Replaces `state` with the file's content if another process changed the file.
+    pub fn refresh(&mut self, state: &mut SimState) -> Result<(), StoreError> {
+        let now = stamp_of(&self.path);
+        if now != self.stamp {
+            *state = load(&self.path)?;
+            self.stamp = now;
+        }
+        Ok(())
+    }
+
+    /// Under the lock: re-reads the file into `state`, applies `change` to a copy, saves it, and
+    /// only then commits it to `state`.
+    pub fn update<T, E>(
+        &mut self,
+        state: &mut SimState,
+        change: impl FnOnce(&mut SimState) -> Result<T, E>,
+    ) -> Result<T, UpdateError<E>> {
+        let lock = self.lock().map_err(UpdateError::Store)?;
+        if self.path.exists() {
+            *state = load(&self.path).map_err(UpdateError::Store)?;
+        }
+        let mut next = state.clone();
+        let out = change(&mut next).map_err(UpdateError::Change)?;
+        save(&self.path, &next).map_err(UpdateError::Store)?;
+        self.stamp = stamp_of(&self.path);
+        *state = next;
+        drop(lock);
+        Ok(out)
+    }
+}

@@ -1,0 +1,204 @@
+//! `gpupart agent`: the long-running node agent. A controller-style loop: read the desired layout
+//! and the config, reconcile against the GPUs, publish the state; reconcile again on every input
+//! change, periodically to repair drift, and with capped exponential backoff after a failure.
+//! Bare-metal mode (`--no-kube`) reads the layout from `--layout` or `--layout-file` (re-read on
+//! SIGHUP and on change) and publishes to `--status-file`, logs and systemd.
+
+pub mod backoff;
+pub mod lock;
+pub mod notify;
+pub mod reconcile;
+pub mod report;
+pub mod source;
+pub mod status;
+
+use crate::backend::GpuBackend;
+use crate::cli::{AgentArgs, GlobalArgs};
+use crate::exec::ExecOptions;
+use crate::http::{router, Health, HttpState};
+use anyhow::{bail, Context};
+use backoff::Backoff;
+use reconcile::{reconcile, Settings};
+use report::{Fanout, LogAndNotify, Reporter, StatusFile};
+use source::LayoutSource;
+use status::Phase;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+/// Why the loop wakes up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// An input changed (file content, SIGHUP).
+    Changed,
+    /// Stop.
+    Shutdown,
+}
+
+/// Runs the agent until SIGTERM/SIGINT.
+pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
+    if !a.no_kube {
+        bail!("Kubernetes mode is not available in this build yet; run with --no-kube and --layout or --layout-file");
+    }
+    let source = match (&a.layout, &a.layout_file) {
+        (Some(n), None) => LayoutSource::Fixed(n.clone()),
+        (None, Some(f)) => LayoutSource::File(f.clone()),
+        (None, None) if a.default_layout.is_some() => LayoutSource::External(None),
+        _ => bail!("--no-kube needs exactly one of --layout NAME or --layout-file FILE (or --default-layout)"),
+    };
+    let _lock = lock::NodeLock::acquire(&a.lock_file)?;
+    let backend: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
+    let mut reporters: Vec<Box<dyn Reporter>> = vec![Box::new(LogAndNotify)];
+    if let Some(p) = &a.status_file {
+        reporters.push(Box::new(StatusFile { path: p.clone() }));
+    }
+    let reporter: Arc<dyn Reporter> = Arc::new(Fanout(reporters));
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    runtime.block_on(async_main(a.clone(), source, backend, reporter))
+}
+
+async fn async_main(
+    a: AgentArgs,
+    source: LayoutSource,
+    backend: Arc<dyn GpuBackend>,
+    reporter: Arc<dyn Reporter>,
+) -> anyhow::Result<ExitCode> {
+    let health = Arc::new(Health::default());
+    health.beat();
+    let listener = tokio::net::TcpListener::bind(a.metrics_addr)
+        .await
+        .with_context(|| format!("listening on {}", a.metrics_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+    let http_state =
+        HttpState { health: health.clone(), max_silence_secs: (a.resync_interval.as_secs() * 2).max(60) + 600 };
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(http_state)).await {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
+
+    let (tx, mut rx) = mpsc::channel::<Wake>(8);
+    spawn_signals(tx.clone())?;
+    spawn_file_watch(tx, source.clone(), a.config_file.clone(), a.poll_interval);
+
+    let settings = Settings {
+        force: a.force,
+        allow_reboot: a.allow_reboot,
+        exec: ExecOptions { dry_run: false, parallel: a.parallel as usize, skip_reset: false },
+    };
+    let seed = u64::from(std::process::id()) ^ 0x9E37_79B9;
+    let mut backoff = Backoff::new(a.retry_min, a.retry_max, seed);
+    let mut wait = Duration::ZERO;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            wake = rx.recv() => {
+                if matches!(wake, Some(Wake::Shutdown) | None) {
+                    tracing::info!("shutting down");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+        health.beat();
+        let desired = source::desired(&source, a.default_layout.as_deref(), &a.config_file);
+        let (b, r) = (backend.clone(), reporter.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            reconcile(b.as_ref(), &desired, settings, &mut |pending| r.publish(pending))
+        })
+        .await
+        .context("the reconcile task panicked")?;
+        let mut status = result.status;
+        wait = if status.state == Phase::Failed && result.retry {
+            let d = backoff.next_delay();
+            status.attempts = backoff.attempts();
+            status.next_retry_secs = Some(d.as_secs().max(1));
+            d
+        } else {
+            if status.state == Phase::Failed {
+                status.attempts = backoff.attempts() + 1;
+            } else {
+                backoff.reset();
+            }
+            a.resync_interval
+        };
+        let reboot_now = status.state == Phase::Rebooting && !guard_tripped(&a.reboot_guard, &mut status);
+        if status.state == Phase::Success {
+            let _ = std::fs::remove_file(&a.reboot_guard);
+        }
+        reporter.publish(&status);
+        health.set_ready();
+        health.beat();
+        if reboot_now {
+            reboot(&a.reboot_command);
+        }
+    }
+}
+
+fn spawn_signals(tx: mpsc::Sender<Wake>) -> anyhow::Result<()> {
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::spawn(async move {
+        loop {
+            let wake = tokio::select! {
+                _ = hup.recv() => { tracing::info!("SIGHUP: re-reading the layout and config"); Wake::Changed }
+                _ = term.recv() => Wake::Shutdown,
+                _ = int.recv() => Wake::Shutdown,
+            };
+            if tx.send(wake).await.is_err() || wake == Wake::Shutdown {
+                return;
+            }
+        }
+    });
+    Ok(())
+}
+
+fn spawn_file_watch(tx: mpsc::Sender<Wake>, source: LayoutSource, config: std::path::PathBuf, every: Duration) {
+    tokio::spawn(async move {
+        let mut last = source::fingerprint(&source, &config);
+        loop {
+            tokio::time::sleep(every).await;
+            let now = source::fingerprint(&source, &config);
+            if now != last {
+                last = now;
+                tracing::info!("the layout or config file changed");
+                if tx.send(Wake::Changed).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// Reboots at most once per change: if the guard file exists (we already rebooted and the mode
+/// is still wrong) the status becomes `failed` instead; otherwise the guard is written.
+fn guard_tripped(guard: &std::path::Path, status: &mut status::AgentStatus) -> bool {
+    if guard.exists() {
+        status.state = Phase::Failed;
+        status.reason = format!("MIG mode change did not take effect after rebooting ({})", status.reason);
+        return true;
+    }
+    let written = guard
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(guard, status.layout.as_deref().unwrap_or_default()));
+    if let Err(e) = written {
+        status.state = Phase::Failed;
+        status.reason = format!("{}; not rebooting: cannot write {}: {e}", status.reason, guard.display());
+        return true;
+    }
+    false
+}
+
+fn reboot(command: &str) {
+    tracing::warn!(command, "rebooting the node to apply a MIG mode");
+    let mut parts = command.split_whitespace();
+    let Some(program) = parts.next() else { return };
+    match std::process::Command::new(program).args(parts).status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => tracing::error!(status = %s, "the reboot command failed"),
+        Err(e) => tracing::error!(error = %e, "cannot run the reboot command"),
+    }
+}

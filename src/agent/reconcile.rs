@@ -1,0 +1,122 @@
+//! One reconcile: desired (layout name + config text) vs. observed (the GPU backend) → plan →
+//! apply. Synchronous (NVML is blocking); the loop runs it on a blocking thread. Bad input never
+//! touches a GPU; a change that is needed is announced through `on_pending` before it starts.
+
+use super::status::{AgentStatus, Phase};
+use crate::backend::GpuBackend;
+use crate::exec::{ExecError, ExecOptions, Outcome};
+use crate::prepare::prepare;
+use std::time::Instant;
+
+/// What the agent was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// The layout (config name), or `None` when none is requested.
+    pub layout: Option<String>,
+    /// The config file's text, or why it could not be read.
+    pub config: Result<String, String>,
+}
+
+/// Settings of a reconcile.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Destroy busy instances when no plan keeps them.
+    pub force: bool,
+    /// A reboot may be requested when only a reboot can apply a MIG mode.
+    pub allow_reboot: bool,
+    /// Execution options.
+    pub exec: ExecOptions,
+}
+
+/// How a reconcile ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconciled {
+    /// The status to publish.
+    pub status: AgentStatus,
+    /// Whether retrying the same input may succeed (busy GPU, NVML error) as opposed to bad input.
+    pub retry: bool,
+}
+
+fn failed(layout: &Option<String>, reason: String, retry: bool) -> Reconciled {
+    Reconciled { status: AgentStatus::new(Phase::Failed, layout.clone(), reason), retry }
+}
+
+/// Runs one reconcile.
+pub fn reconcile(
+    backend: &dyn GpuBackend,
+    desired: &Desired,
+    s: Settings,
+    on_pending: &mut dyn FnMut(&AgentStatus),
+) -> Reconciled {
+    let Some(name) = &desired.layout else {
+        return Reconciled { status: AgentStatus::new(Phase::Idle, None, "no layout requested"), retry: false };
+    };
+    let layout = &desired.layout;
+    let text = match &desired.config {
+        Ok(t) => t,
+        Err(e) => return failed(layout, format!("cannot read the config file: {e}"), false),
+    };
+    let file = match crate::config::parse(text) {
+        Ok(f) => f,
+        Err(e) => return failed(layout, format!("invalid config file: {e}"), false),
+    };
+    let Some(config) = file.get(name) else {
+        return failed(
+            layout,
+            format!("unknown layout '{name}'; the config file has: {}", file.names().join(", ")),
+            false,
+        );
+    };
+    let states = match backend.observe_all() {
+        Ok(s) => s,
+        Err(e) => return failed(layout, format!("reading the GPUs: {e}"), true),
+    };
+    let jobs = match prepare(states, config, s.force, false) {
+        Ok(j) => j,
+        Err(e) => return failed(layout, e.problems.join("; "), e.blocked),
+    };
+    let (kept, destroyed, created) = jobs
+        .iter()
+        .filter_map(|j| j.plan.as_ref())
+        .fold((0, 0, 0), |(k, d, c), p| (k + p.keep.len(), d + p.destroy.len(), c + p.create.len()));
+    let with_counts = |mut st: AgentStatus, ms: u64| {
+        (st.kept, st.destroyed, st.created, st.duration_ms) = (kept, destroyed, created, ms);
+        st
+    };
+    if jobs.iter().all(|j| j.is_noop()) {
+        let st = AgentStatus::new(Phase::Success, layout.clone(), format!("layout '{name}' is applied"));
+        return Reconciled { status: with_counts(st, 0), retry: false };
+    }
+    let pending = AgentStatus::new(
+        Phase::Pending,
+        layout.clone(),
+        format!("applying '{name}': keep {kept}, destroy {destroyed}, create {created} GPU instances"),
+    );
+    on_pending(&with_counts(pending, 0));
+    let start = Instant::now();
+    let reports = crate::exec::execute(backend, &jobs, s.exec);
+    let ms = start.elapsed().as_millis() as u64;
+    let errors: Vec<&ExecError> = reports
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Failed(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    if errors.is_empty() {
+        let st = AgentStatus::new(Phase::Success, layout.clone(), format!("applied '{name}' in {ms} ms"));
+        return Reconciled { status: with_counts(st, ms), retry: false };
+    }
+    let reason = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+    if errors.iter().any(|e| matches!(e, ExecError::RebootRequired { .. })) {
+        if s.allow_reboot {
+            let st = AgentStatus::new(Phase::Rebooting, layout.clone(), reason);
+            return Reconciled { status: with_counts(st, ms), retry: false };
+        }
+        return Reconciled {
+            status: with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms),
+            retry: false,
+        };
+    }
+    Reconciled { status: with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms), retry: true }
+}

@@ -1,0 +1,61 @@
+//! Where the agent publishes its state: a small trait with a status-file implementation (bare
+//! metal), logs, and systemd notifications. The Kubernetes reporter implements the same trait.
+
+use super::status::{AgentStatus, Phase};
+use std::path::PathBuf;
+
+/// Publishes agent state; called from the reconcile thread, so implementations must not block long.
+pub trait Reporter: Send + Sync {
+    /// Publishes a new status.
+    fn publish(&self, status: &AgentStatus);
+}
+
+/// Writes the status as JSON to a file, atomically (temporary file + rename).
+pub struct StatusFile {
+    /// Target path.
+    pub path: PathBuf,
+}
+
+impl Reporter for StatusFile {
+    fn publish(&self, status: &AgentStatus) {
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = self.path.with_extension("tmp");
+            let mut text = serde_json::to_string_pretty(status).map_err(std::io::Error::other)?;
+            text.push('\n');
+            std::fs::write(&tmp, text)?;
+            std::fs::rename(&tmp, &self.path)
+        };
+        if let Err(e) = write() {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot write the status file");
+        }
+    }
+}
+
+/// Logs every status, and tells systemd (READY after the first result, STATUS always).
+pub struct LogAndNotify;
+
+impl Reporter for LogAndNotify {
+    fn publish(&self, s: &AgentStatus) {
+        let layout = s.layout.as_deref().unwrap_or("-");
+        match s.state {
+            Phase::Failed => tracing::error!(state = s.state.as_str(), layout, reason = %s.reason, "reconcile failed"),
+            _ => tracing::info!(state = s.state.as_str(), layout, reason = %s.reason, "state"),
+        }
+        let ready = if s.state == Phase::Pending { "" } else { "READY=1\n" };
+        super::notify::notify(&format!("{ready}STATUS={}: {}", s.state.as_str(), s.reason));
+    }
+}
+
+/// Publishes to several reporters in order.
+pub struct Fanout(pub Vec<Box<dyn Reporter>>);
+
+impl Reporter for Fanout {
+    fn publish(&self, status: &AgentStatus) {
+        for r in &self.0 {
+            r.publish(status);
+        }
+    }
+}

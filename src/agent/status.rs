@@ -1,0 +1,76 @@
+//! What the agent reports: the state machine's phase and the facts around it. Published to the
+//! status file (bare metal) or the node's labels, annotations and Events (Kubernetes).
+
+use serde::Serialize;
+
+/// `nvidia.com/mig.config.state` values, plus `idle` when no layout is requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// No layout requested; nothing to do.
+    Idle,
+    /// A change is under way.
+    Pending,
+    /// The node is rebooting to apply a MIG mode.
+    Rebooting,
+    /// The requested layout is applied.
+    Success,
+    /// The requested layout could not be applied (see `reason`).
+    Failed,
+}
+
+impl Phase {
+    /// The label value (`pending`, `success`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Pending => "pending",
+            Phase::Rebooting => "rebooting",
+            Phase::Success => "success",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+/// The agent's published state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentStatus {
+    /// Phase.
+    pub state: Phase,
+    /// The layout (config name) being applied, if any.
+    pub layout: Option<String>,
+    /// One line saying why (for `failed`) or what happened.
+    pub reason: String,
+    /// GPU instances kept, destroyed and created by the last pass.
+    pub kept: usize,
+    /// See `kept`.
+    pub destroyed: usize,
+    /// See `kept`.
+    pub created: usize,
+    /// Wall time of the last pass in milliseconds.
+    pub duration_ms: u64,
+    /// Consecutive failed attempts.
+    pub attempts: u32,
+    /// Seconds until the next retry, after a failure.
+    pub next_retry_secs: Option<u64>,
+    /// Unix time of this status.
+    pub updated_unix: u64,
+}
+
+impl AgentStatus {
+    /// A status with the given phase, layout and reason; counters zero.
+    pub fn new(state: Phase, layout: Option<String>, reason: impl Into<String>) -> Self {
+        Self {
+            state,
+            layout,
+            reason: reason.into(),
+            kept: 0,
+            destroyed: 0,
+            created: 0,
+            duration_ms: 0,
+            attempts: 0,
+            next_retry_secs: None,
+            updated_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The agent's HTTP endpoints: `/healthz` (the process and its loop are alive), `/readyz` (a
+//! first reconcile has reached a result) and `/metrics` (filled by the metrics module).
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Default listen address: clear of dcgm-exporter (9400) and node-exporter (9100).
+pub const DEFAULT_ADDR: &str = "0.0.0.0:9477";
+
+/// Liveness and readiness shared between the loop and the HTTP server.
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+    heartbeat: AtomicU64,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Health {
+    /// Marks the agent ready (a first reconcile reached success or a clear failure).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the agent is ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Records that the loop is alive.
+    pub fn beat(&self) {
+        self.heartbeat.store(now(), Ordering::SeqCst);
+    }
+
+    /// Seconds since the loop last reported in.
+    pub fn silence_secs(&self) -> u64 {
+        now().saturating_sub(self.heartbeat.load(Ordering::SeqCst))
+    }
+}
+
+/// Shared state of the HTTP handlers.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Liveness and readiness.
+    pub health: Arc<Health>,
+    /// Longest acceptable loop silence before `/healthz` fails, seconds.
+    pub max_silence_secs: u64,
+}
+
+async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
+    if s.health.silence_secs() <= s.max_silence_secs {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "reconcile loop stalled\n")
+    }
+}
+
+async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
+    if s.health.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first reconcile\n")
+    }
+}
+
+async fn metrics() -> impl IntoResponse {
+    let body = format!(
+        "# TYPE gpupart_build info\n# HELP gpupart_build gpupart build information.\ngpupart_build_info{{version=\"{}\"}} 1\n# EOF\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+}
+
+/// The router.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}

@@ -1,0 +1,194 @@
+//! `gpupart agent --no-kube` end to end on both backends: layout-file changes, SIGHUP, bad input,
+//! busy instances with retries, drift repair, health endpoints and the node lock.
+
+#[macro_use]
+mod support;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use support::{example_config, Backend, Node};
+
+on_both_backends!(
+    follows_the_layout_file,
+    retries_busy_and_repairs_drift,
+    sighup_rereads_and_lock_refuses_a_second_agent
+);
+
+/// A running agent; killed on drop.
+struct Agent {
+    child: Child,
+    status: PathBuf,
+    port: u16,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start(node: &Node, layout: &Path, extra: &[&str]) -> Agent {
+    let port = free_port();
+    let status = node.dir.path().join("status.json");
+    let lock = node.dir.path().join("agent.lock");
+    let guard = node.dir.path().join("reboot-guard");
+    let cfg = example_config();
+    let addr = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "agent",
+        "--no-kube",
+        "-f",
+        &cfg,
+        "--layout-file",
+        layout.to_str().unwrap(),
+        "--status-file",
+        status.to_str().unwrap(),
+        "--lock-file",
+        lock.to_str().unwrap(),
+        "--reboot-guard",
+        guard.to_str().unwrap(),
+        "--metrics-addr",
+        &addr,
+        "--retry-min",
+        "100ms",
+        "--retry-max",
+        "400ms",
+    ];
+    args.extend_from_slice(extra);
+    let child = node.command(&args, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    Agent { child, status, port }
+}
+
+impl Agent {
+    fn status(&self) -> serde_json::Value {
+        std::fs::read_to_string(&self.status).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default()
+    }
+
+    /// Waits until the status file says `state` for `layout`, and returns it.
+    fn wait_for(&self, state: &str, layout: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = self.status();
+            if s["state"] == state && s["layout"] == layout {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {state}/{layout}; last status: {s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn get(&self, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+}
+
+fn follows_the_layout_file(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
+    let layout = node.dir.path().join("layout");
+    std::fs::write(&layout, "all-balanced\n").unwrap();
+    let agent = start(&node, &layout, &["--poll-interval", "100ms", "--resync-interval", "1h"]);
+    agent.wait_for("success", "all-balanced");
+    let cfg = example_config();
+    node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
+    assert!(agent.get("/healthz").starts_with("HTTP/1.1 200"));
+    assert!(agent.get("/readyz").starts_with("HTTP/1.1 200"));
+    assert!(agent.get("/metrics").contains("gpupart_build_info"));
+
+    std::fs::write(&layout, "mixed-3g-2g\n").unwrap();
+    let s = agent.wait_for("success", "mixed-3g-2g");
+    assert_eq!(
+        (s["kept"].as_u64(), s["destroyed"].as_u64(), s["created"].as_u64()),
+        (Some(4), Some(4), Some(2)),
+        "{s}"
+    );
+    node.run(&["assert", "-f", &cfg, "-c", "mixed-3g-2g"]).ok();
+
+    let before = node.load();
+    std::fs::write(&layout, "bogus\n").unwrap();
+    let s = agent.wait_for("failed", "bogus");
+    assert!(s["reason"].as_str().unwrap().contains("unknown layout 'bogus'"), "{s}");
+    assert_eq!(node.load(), before, "bad input touches no GPU");
+}
+
+fn retries_busy_and_repairs_drift(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:1");
+    let cfg = example_config();
+    node.apply(&cfg, "all-1g.10gb");
+    let gi = node.load().gpus[0].gpu_instances.iter().find(|g| g.placement.start == 4).unwrap().id;
+    node.attach(0, gi, 4242);
+    let layout = node.dir.path().join("layout");
+    std::fs::write(&layout, "all-balanced\n").unwrap();
+    let agent = start(&node, &layout, &["--poll-interval", "100ms", "--resync-interval", "500ms"]);
+    let s = agent.wait_for("failed", "all-balanced");
+    assert!(s["reason"].as_str().unwrap().contains("used by pid 4242"), "{s}");
+    // It keeps retrying with backoff instead of waiting for a label change.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while agent.status()["attempts"].as_u64().unwrap_or(0) < 3 {
+        assert!(Instant::now() < deadline, "no retries: {}", agent.status());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The process ends: the next retry succeeds.
+    let mut s = node.load();
+    s.gpus[0].gpu_instances.iter_mut().for_each(|g| g.compute_instances.iter_mut().for_each(|c| c.processes.clear()));
+    node.save(&s);
+    agent.wait_for("success", "all-balanced");
+    node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
+    // Drift: someone changes the GPU behind the agent's back; the periodic resync repairs it.
+    node.apply(&cfg, "all-1g.10gb");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).code != 0 {
+        assert!(Instant::now() < deadline, "drift was not repaired");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn sighup_rereads_and_lock_refuses_a_second_agent(b: Backend) {
+    let node = Node::with(b, "H100-SXM5-80GB:1");
+    let layout = node.dir.path().join("layout");
+    std::fs::write(&layout, "all-1g.10gb\n").unwrap();
+    let agent = start(&node, &layout, &["--poll-interval", "1h", "--resync-interval", "1h"]);
+    agent.wait_for("success", "all-1g.10gb");
+    let lock = node.dir.path().join("agent.lock");
+    let cfg = example_config();
+    let args = [
+        "agent",
+        "--no-kube",
+        "-f",
+        &cfg,
+        "--layout",
+        "all-balanced",
+        "--lock-file",
+        lock.to_str().unwrap(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    let mut second = node.command(&args, &[]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = second.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "the second agent did not refuse to start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    second.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success() && err.contains("another gpupart agent"), "{err}");
+    std::fs::write(&layout, "all-balanced\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(agent.status()["layout"], "all-1g.10gb", "no polling: nothing happens without SIGHUP");
+    let pid = agent.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    agent.wait_for("success", "all-balanced");
+}
