@@ -1,0 +1,23 @@
+# gpupart node agent image.
+# Build:  docker build -t gpupart:0.1.0 .
+# The NVIDIA container toolkit injects libnvidia-ml.so.1 and nvidia-smi at run time
+# (NVIDIA_DRIVER_CAPABILITIES=utility); the image carries neither.
+
+FROM rust:1.89-slim-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY crates crates
+COPY src src
+COPY benches benches
+RUN cargo build --release --locked -p gpupart --bin gpupart
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/gpupart /usr/local/bin/gpupart
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility
+EXPOSE 9477
+# Creating and destroying MIG instances needs root (CAP_SYS_ADMIN on the GPU device nodes); the
+# DaemonSet runs the container privileged as user 0. `status` and `export` work as nonroot.
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/gpupart"]
+CMD ["agent", "--config-file", "/etc/gpupart/config.yaml"]
