@@ -16,6 +16,7 @@ use crate::backend::GpuBackend;
 use crate::cli::{AgentArgs, GlobalArgs};
 use crate::exec::ExecOptions;
 use crate::http::{router, Health, HttpState};
+use crate::kube::{KubeReporter, NodeWatch};
 use anyhow::{bail, Context};
 use backoff::Backoff;
 use reconcile::{reconcile, Settings};
@@ -37,33 +38,106 @@ enum Wake {
     Shutdown,
 }
 
+/// Where the desired layout comes from.
+enum Mode {
+    /// Bare metal: a fixed name or a layout file.
+    File(LayoutSource),
+    /// Kubernetes: the own Node's layout label.
+    Kube { watch: NodeWatch, client: ::kube::Client, node: String },
+}
+
 /// Runs the agent until SIGTERM/SIGINT.
 pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
-    if !a.no_kube {
-        bail!("Kubernetes mode is not available in this build yet; run with --no-kube and --layout or --layout-file");
-    }
-    let source = match (&a.layout, &a.layout_file) {
-        (Some(n), None) => LayoutSource::Fixed(n.clone()),
-        (None, Some(f)) => LayoutSource::File(f.clone()),
-        (None, None) if a.default_layout.is_some() => LayoutSource::External(None),
-        _ => bail!("--no-kube needs exactly one of --layout NAME or --layout-file FILE (or --default-layout)"),
+    let file_source = if a.no_kube {
+        Some(match (&a.layout, &a.layout_file) {
+            (Some(n), None) => LayoutSource::Fixed(n.clone()),
+            (None, Some(f)) => LayoutSource::File(f.clone()),
+            (None, None) if a.default_layout.is_some() => LayoutSource::External(None),
+            _ => bail!("--no-kube needs exactly one of --layout NAME or --layout-file FILE (or --default-layout)"),
+        })
+    } else {
+        if a.layout.is_some() || a.layout_file.is_some() {
+            bail!(
+                "--layout and --layout-file are for --no-kube; in Kubernetes the layout comes from the {} label",
+                a.label_key
+            );
+        }
+        None
+    };
+    let node = match (&file_source, &a.node_name) {
+        (Some(_), _) => String::new(),
+        (None, Some(n)) => n.clone(),
+        (None, None) => bail!("Kubernetes mode needs the node name: --node-name or NODE_NAME (downward API)"),
     };
     let _lock = lock::NodeLock::acquire(&a.lock_file)?;
     let backend: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
-    let mut reporters: Vec<Box<dyn Reporter>> = vec![Box::new(LogAndNotify)];
-    if let Some(p) = &a.status_file {
-        reporters.push(Box::new(StatusFile { path: p.clone() }));
-    }
-    let reporter: Arc<dyn Reporter> = Arc::new(Fanout(reporters));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    runtime.block_on(async_main(a.clone(), source, backend, reporter))
+    runtime.block_on(async move {
+        let (tx, rx) = mpsc::channel::<Wake>(8);
+        let mut reporters: Vec<Box<dyn Reporter>> = vec![Box::new(LogAndNotify)];
+        if let Some(p) = &a.status_file {
+            reporters.push(Box::new(StatusFile { path: p.clone() }));
+        }
+        let mode = match file_source {
+            Some(src) => Mode::File(src),
+            None => {
+                let client = ::kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+                let (ctx, mut crx) = mpsc::channel::<()>(8);
+                let keys = vec![a.label_key.clone(), crate::kube::keys::FORCE.to_string()];
+                let watch = NodeWatch::spawn(client.clone(), &node, keys, ctx);
+                let forward = tx.clone();
+                tokio::spawn(async move {
+                    while crx.recv().await.is_some() {
+                        if forward.send(Wake::Changed).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let instance = std::env::var("POD_NAME").unwrap_or_else(|_| node.clone());
+                reporters.push(Box::new(KubeReporter::spawn(client.clone(), node.clone(), instance)));
+                Mode::Kube { watch, client, node: node.clone() }
+            }
+        };
+        async_main(a.clone(), mode, backend, Arc::new(Fanout(reporters)), tx, rx).await
+    })
+}
+
+/// Reads the desired state; `None` while the Node has not been seen yet. The flag says whether
+/// the force annotation asked for this change.
+fn read_desired(mode: &Mode, a: &AgentArgs) -> Option<(reconcile::Desired, bool)> {
+    match mode {
+        Mode::File(src) => Some((source::desired(src, a.default_layout.as_deref(), &a.config_file), false)),
+        Mode::Kube { watch, .. } => {
+            let view = watch.view();
+            if !view.seen {
+                return None;
+            }
+            let label = view.labels.get(&a.label_key).cloned();
+            let src = LayoutSource::External(label);
+            let forced = view.annotations.get(crate::kube::keys::FORCE).is_some_and(|v| v == "true");
+            Some((source::desired(&src, a.default_layout.as_deref(), &a.config_file), forced))
+        }
+    }
+}
+
+/// Removes the force annotation after the change it was meant for.
+async fn clear_force(mode: &Mode) {
+    let Mode::Kube { client, node, .. } = mode else { return };
+    let api: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
+    let patch = serde_json::json!({ "metadata": { "annotations": { crate::kube::keys::FORCE: null } } });
+    let pp = ::kube::api::PatchParams::default();
+    if let Err(e) = api.patch_metadata(node, &pp, &::kube::api::Patch::Merge(&patch)).await {
+        tracing::warn!(error = %e, "removing the force annotation failed");
+    }
 }
 
 async fn async_main(
     a: AgentArgs,
-    source: LayoutSource,
+    mode: Mode,
     backend: Arc<dyn GpuBackend>,
     reporter: Arc<dyn Reporter>,
+    tx: mpsc::Sender<Wake>,
+    mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
     let health = Arc::new(Health::default());
     health.beat();
@@ -79,9 +153,12 @@ async fn async_main(
         }
     });
 
-    let (tx, mut rx) = mpsc::channel::<Wake>(8);
     spawn_signals(tx.clone())?;
-    spawn_file_watch(tx, source.clone(), a.config_file.clone(), a.poll_interval);
+    let watched = match &mode {
+        Mode::File(src) => src.clone(),
+        Mode::Kube { .. } => LayoutSource::External(None),
+    };
+    spawn_file_watch(tx, watched, a.config_file.clone(), a.poll_interval);
 
     let settings = Settings {
         force: a.force,
@@ -102,13 +179,22 @@ async fn async_main(
             }
         }
         health.beat();
-        let desired = source::desired(&source, a.default_layout.as_deref(), &a.config_file);
+        let Some((desired, forced)) = read_desired(&mode, &a) else {
+            tracing::info!("waiting for the node to be seen");
+            wait = Duration::from_secs(1);
+            continue;
+        };
         let (b, r) = (backend.clone(), reporter.clone());
+        let mut run_settings = settings;
+        run_settings.force |= forced;
         let result = tokio::task::spawn_blocking(move || {
-            reconcile(b.as_ref(), &desired, settings, &mut |pending| r.publish(pending))
+            reconcile(b.as_ref(), &desired, run_settings, &mut |pending| r.publish(pending))
         })
         .await
         .context("the reconcile task panicked")?;
+        if forced && result.status.state != Phase::Idle {
+            clear_force(&mode).await;
+        }
         let mut status = result.status;
         wait = if status.state == Phase::Failed && result.retry {
             let d = backoff.next_delay();

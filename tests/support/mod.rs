@@ -2,6 +2,8 @@
 //! file in a temporary directory, and read or edit that state.
 #![allow(dead_code, unused_macros)]
 
+pub mod apiserver;
+
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {

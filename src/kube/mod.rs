@@ -1,0 +1,9 @@
+//! Kubernetes side of the agent: watch the own Node's metadata for the layout label, publish the
+//! state label, `gpupart.io/` annotations (server-side apply, one field manager) and Events.
+
+pub mod keys;
+pub mod node;
+pub mod publish;
+
+pub use node::{NodeView, NodeWatch};
+pub use publish::KubeReporter;

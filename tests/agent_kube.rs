@@ -1,0 +1,210 @@
+//! `gpupart agent` in Kubernetes mode, end to end: the real binary against the in-repo API test
+//! server (real HTTP) and the fake NVML (and the simulator), driven by node-label changes.
+
+#[macro_use]
+mod support;
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use support::apiserver::ApiServer;
+use support::{example_config, Backend, Node};
+
+on_both_backends!(
+    label_changes_reconfigure_and_report,
+    bad_input_and_busy_instances_fail_clearly,
+    survives_api_failures_and_stays_quiet
+);
+
+const NODE: &str = "gpu-node-1";
+const LAYOUT: &str = "nvidia.com/mig.config";
+const STATE: &str = "nvidia.com/mig.config.state";
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(node: &Node, api: &ApiServer, extra: &[&str]) -> Agent {
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let lock = node.dir.path().join("agent.lock");
+    let guard = node.dir.path().join("guard");
+    let cfg = example_config();
+    let mut args = vec![
+        "agent",
+        "-f",
+        &cfg,
+        "--node-name",
+        NODE,
+        "--lock-file",
+        lock.to_str().unwrap(),
+        "--reboot-guard",
+        guard.to_str().unwrap(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--retry-min",
+        "100ms",
+        "--retry-max",
+        "500ms",
+        "--poll-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    let child = node
+        .command(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Agent(child)
+}
+
+/// Waits until the state label is `state` and the reported layout is `layout`.
+fn wait_state(api: &ApiServer, state: &str, layout: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        {
+            let s = api.state();
+            if s.labels.get(STATE).map(String::as_str) == Some(state)
+                && s.annotations.get("gpupart.io/state-layout").map(String::as_str) == Some(layout)
+            {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {state}/{layout}: {:?} {:?}",
+            api.state().labels,
+            api.state().annotations
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn reason(api: &ApiServer) -> String {
+    api.state().annotations.get("gpupart.io/state-reason").cloned().unwrap_or_default()
+}
+
+fn event_reasons(api: &ApiServer) -> Vec<String> {
+    api.state().events.iter().map(|e| e["reason"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+/// Waits for an Event with `reason` whose note contains `text` (Events follow the state label).
+fn wait_event(api: &ApiServer, reason: &str, text: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = api
+            .state()
+            .events
+            .iter()
+            .filter(|e| e["reason"] == reason)
+            .filter_map(|e| e["note"].as_str().map(str::to_string))
+            .find(|n| n.contains(text));
+        if let Some(n) = found {
+            return n;
+        }
+        assert!(Instant::now() < deadline, "no {reason} event mentioning {text}: {:?}", event_reasons(api));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn label_changes_reconfigure_and_report(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
+    let api = ApiServer::start(NODE);
+    // The label is set before the agent starts: it must reconcile at start.
+    api.label(LAYOUT, Some("all-balanced"));
+    let _agent = start(&node, &api, &["--resync-interval", "1h"]);
+    wait_state(&api, "success", "all-balanced");
+    let cfg = example_config();
+    node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
+    wait_event(&api, "ReconfigureStarted", "all-balanced");
+    wait_event(&api, "Reconfigured", "created 8 GPU instances");
+    assert_eq!(api.get_label(LAYOUT).as_deref(), Some("all-balanced"), "the layout label is only read");
+
+    // A second change keeps what it can: the 3g.40gb and a 2g.20gb per GPU survive.
+    let uuids = |n: &Node| -> Vec<String> {
+        n.load()
+            .gpus
+            .iter()
+            .flat_map(|g| g.gpu_instances.iter().flat_map(|gi| gi.compute_instances.iter().map(|c| c.uuid.clone())))
+            .collect()
+    };
+    let before = uuids(&node);
+    api.label(LAYOUT, Some("mixed-3g-2g"));
+    wait_state(&api, "success", "mixed-3g-2g");
+    let after = uuids(&node);
+    assert_eq!(before.iter().filter(|u| after.contains(u)).count(), 4, "2 MIG devices kept per GPU");
+    node.run(&["assert", "-f", &cfg, "-c", "mixed-3g-2g"]).ok();
+
+    // Latency of label → success, 20 changes (no op delay). Reported, not asserted.
+    let mut times = Vec::new();
+    for i in 0..20 {
+        let layout = if i % 2 == 0 { "all-balanced" } else { "mixed-3g-2g" };
+        let t = Instant::now();
+        api.label(LAYOUT, Some(layout));
+        wait_state(&api, "success", layout);
+        times.push(t.elapsed());
+    }
+    times.sort();
+    println!("{b:?}: label -> success latency over 20 changes: median {:?}, max {:?}", times[10], times[19]);
+}
+
+fn bad_input_and_busy_instances_fail_clearly(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:1");
+    let cfg = example_config();
+    node.apply(&cfg, "all-1g.10gb");
+    let api = ApiServer::start(NODE);
+    api.label(LAYOUT, Some("all-1g.10gb"));
+    let _agent = start(&node, &api, &["--resync-interval", "1h"]);
+    wait_state(&api, "success", "all-1g.10gb");
+    let before = node.load();
+    api.label(LAYOUT, Some("bogus"));
+    wait_state(&api, "failed", "bogus");
+    assert!(reason(&api).contains("unknown layout 'bogus'"), "{}", reason(&api));
+    wait_event(&api, "ReconfigureFailed", "unknown layout 'bogus'");
+    assert_eq!(node.load(), before, "nothing touched");
+
+    let gi = node.load().gpus[0].gpu_instances.iter().find(|g| g.placement.start == 4).unwrap().id;
+    node.attach(0, gi, 4242);
+    api.label(LAYOUT, Some("all-balanced"));
+    wait_state(&api, "failed", "all-balanced");
+    assert!(reason(&api).contains("used by pid 4242"), "{}", reason(&api));
+    wait_event(&api, "ReconfigureFailed", "4242");
+    // The force annotation is honoured for the next change and removed afterwards (the driver
+    // still refuses to destroy the busy instance, so the change keeps failing).
+    api.annotate("gpupart.io/force-reconfigure", Some("true"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while api.state().annotations.contains_key("gpupart.io/force-reconfigure") {
+        assert!(Instant::now() < deadline, "force annotation not removed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The process ends: a retry (not a label change) brings success.
+    let mut s = node.load();
+    s.gpus[0].gpu_instances.iter_mut().for_each(|g| g.compute_instances.iter_mut().for_each(|c| c.processes.clear()));
+    node.save(&s);
+    wait_state(&api, "success", "all-balanced");
+}
+
+fn survives_api_failures_and_stays_quiet(b: Backend) {
+    let node = Node::with(b, "H100-SXM5-80GB:1");
+    let api = ApiServer::start(NODE);
+    api.label(LAYOUT, Some("all-1g.10gb"));
+    api.state().fail_next.extend([500, 503, 500]);
+    api.state().expire_watches = 2;
+    let _agent = start(&node, &api, &["--resync-interval", "300ms"]);
+    wait_state(&api, "success", "all-1g.10gb");
+    // Dropped watches, expired watches and 5xx on writes: the next label change still lands.
+    api.drop_watches();
+    api.state().expire_watches = 1;
+    api.state().fail_next.extend([500, 502]);
+    api.label(LAYOUT, Some("all-balanced"));
+    wait_state(&api, "success", "all-balanced");
+    // Steady state: resyncs every 300 ms, no writes.
+    std::thread::sleep(Duration::from_millis(500));
+    let writes = api.writes();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(api.writes(), writes, "API writes at steady state");
+}

@@ -1,0 +1,360 @@
+//! An in-process Kubernetes API test server on 127.0.0.1 (real HTTP), enough for the agent:
+//! node list/watch (metadata-only and full, resourceVersions, bookmarks, expired watches),
+//! merge-patch and server-side apply with per-manager label/annotation ownership, pods list by
+//! node, events create/patch, and fault injection (HTTP errors, 410 on watch, dropped watches).
+#![allow(dead_code)]
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::sync::broadcast;
+
+/// Everything the server knows; tests read and change it through [`ApiServer`].
+#[derive(Debug, Default)]
+pub struct ApiState {
+    /// The node's name.
+    pub node: String,
+    /// Node labels.
+    pub labels: BTreeMap<String, String>,
+    /// Node annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Current resourceVersion.
+    pub rv: u64,
+    /// Per field manager: the label and annotation keys it owns through apply.
+    pub managed: HashMap<String, (BTreeSet<String>, BTreeSet<String>)>,
+    /// Events received (create and patch bodies).
+    pub events: Vec<Value>,
+    /// Every request: (method, path?query).
+    pub requests: Vec<(String, String)>,
+    /// Status codes to answer the next non-watch requests with.
+    pub fail_next: VecDeque<u16>,
+    /// Number of coming watch requests that get an expired (410) error event.
+    pub expire_watches: u32,
+    /// Pods reported by `GET /api/v1/pods`.
+    pub pods: Vec<Value>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    state: Arc<Mutex<ApiState>>,
+    changes: broadcast::Sender<Signal>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Signal {
+    Changed,
+    DropWatches,
+}
+
+/// A running test API server.
+pub struct ApiServer {
+    /// Listening port on 127.0.0.1.
+    pub port: u16,
+    shared: Shared,
+    _runtime: tokio::runtime::Runtime,
+}
+
+fn meta(s: &ApiState) -> Value {
+    json!({
+        "name": s.node,
+        "uid": "0a0b0c0d-0000-4000-8000-000000000001",
+        "resourceVersion": s.rv.to_string(),
+        "labels": s.labels,
+        "annotations": s.annotations,
+    })
+}
+
+fn node_object(s: &ApiState, metadata_only: bool) -> Value {
+    if metadata_only {
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta(s)})
+    } else {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": meta(s), "spec": {}, "status": {}})
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code});
+    (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body)).into_response()
+}
+
+fn query(uri: &Uri) -> HashMap<String, String> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), urlencoding_decode(v)))
+        .collect()
+}
+
+fn urlencoding_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn merge_map(target: &mut BTreeMap<String, String>, patch: &Value) {
+    if let Value::Object(m) = patch {
+        for (k, v) in m {
+            match v {
+                Value::Null => {
+                    target.remove(k);
+                }
+                Value::String(s) => {
+                    target.insert(k.clone(), s.clone());
+                }
+                other => {
+                    target.insert(k.clone(), other.to_string());
+                }
+            }
+        }
+    }
+}
+
+fn apply_map(target: &mut BTreeMap<String, String>, owned: &mut BTreeSet<String>, patch: Option<&Map<String, Value>>) {
+    let new: BTreeMap<String, String> = patch
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_string))).collect())
+        .unwrap_or_default();
+    for k in owned.iter() {
+        if !new.contains_key(k) {
+            target.remove(k);
+        }
+    }
+    *owned = new.keys().cloned().collect();
+    target.extend(new);
+}
+
+async fn handle(
+    axum::extract::State(sh): axum::extract::State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let q = query(&uri);
+    let path = uri.path().to_string();
+    let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let metadata_only = accept.contains("as=PartialObjectMetadata");
+    let watch = q.get("watch").is_some_and(|v| v == "true" || v == "1");
+    {
+        let mut s = sh.state.lock().unwrap();
+        s.requests.push((method.to_string(), uri.to_string()));
+        if !watch {
+            if let Some(code) = s.fail_next.pop_front() {
+                return status(code, "InternalError", "injected failure");
+            }
+        }
+    }
+    let node_path = path.strip_prefix("/api/v1/nodes").map(|r| r.trim_start_matches('/').to_string());
+    match (method.as_str(), node_path.as_deref(), path.as_str()) {
+        ("GET", Some(""), _) if watch => watch_nodes(sh, &q, metadata_only),
+        ("GET", Some(""), _) => {
+            let s = sh.state.lock().unwrap();
+            let wanted = q.get("fieldSelector").map(|f| f == &format!("metadata.name={}", s.node)).unwrap_or(true);
+            let items: Vec<Value> = if wanted { vec![node_object(&s, metadata_only)] } else { vec![] };
+            let (api, kind) =
+                if metadata_only { ("meta.k8s.io/v1", "PartialObjectMetadataList") } else { ("v1", "NodeList") };
+            axum::Json(json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})).into_response()
+        }
+        ("GET", Some(name), _) => {
+            let s = sh.state.lock().unwrap();
+            if name != s.node {
+                return status(404, "NotFound", "node not found");
+            }
+            axum::Json(node_object(&s, metadata_only)).into_response()
+        }
+        ("PATCH", Some(name), _) => {
+            let patch: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => return status(400, "BadRequest", &e.to_string()),
+            };
+            let out = {
+                let mut s = sh.state.lock().unwrap();
+                if name != s.node {
+                    return status(404, "NotFound", "node not found");
+                }
+                let md = &patch["metadata"];
+                if content_type.starts_with("application/apply-patch") {
+                    let manager = q.get("fieldManager").cloned().unwrap_or_default();
+                    if manager.is_empty() {
+                        return status(400, "BadRequest", "fieldManager is required for apply patch");
+                    }
+                    let ApiState { labels, annotations, managed, .. } = &mut *s;
+                    let owned = managed.entry(manager).or_default();
+                    apply_map(labels, &mut owned.0, md["labels"].as_object());
+                    apply_map(annotations, &mut owned.1, md["annotations"].as_object());
+                } else {
+                    merge_map(&mut s.labels, &md["labels"]);
+                    merge_map(&mut s.annotations, &md["annotations"]);
+                }
+                s.rv += 1;
+                node_object(&s, metadata_only)
+            };
+            let _ = sh.changes.send(Signal::Changed);
+            axum::Json(out).into_response()
+        }
+        ("GET", None, "/api/v1/pods") => {
+            let s = sh.state.lock().unwrap();
+            axum::Json(json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": s.rv.to_string()}, "items": s.pods})).into_response()
+        }
+        ("POST", None, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
+            let mut ev: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if ev["metadata"]["name"].is_null() {
+                ev["metadata"]["name"] = json!(format!("gpupart.{}", sh.state.lock().unwrap().events.len()));
+            }
+            sh.state.lock().unwrap().events.push(ev.clone());
+            (StatusCode::CREATED, axum::Json(ev)).into_response()
+        }
+        ("PATCH", None, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
+            let ev: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            sh.state.lock().unwrap().events.push(ev.clone());
+            axum::Json(ev).into_response()
+        }
+        _ => status(404, "NotFound", &format!("{method} {path} is not served by the test API server")),
+    }
+}
+
+fn watch_nodes(sh: Shared, q: &HashMap<String, String>, metadata_only: bool) -> Response {
+    let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let mut rx = sh.changes.subscribe();
+    let expired = {
+        let mut s = sh.state.lock().unwrap();
+        let e = s.expire_watches > 0;
+        s.expire_watches = s.expire_watches.saturating_sub(1);
+        e
+    };
+    let stream = async_stream(move |tx| async move {
+        let line = |v: Value| Bytes::from(format!("{v}\n"));
+        if expired {
+            let err = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}});
+            let _ = tx.send(line(err)).await;
+            return;
+        }
+        let mut sent = from;
+        loop {
+            let ev = {
+                let s = sh.state.lock().unwrap();
+                (s.rv > sent).then(|| {
+                    sent = s.rv;
+                    json!({"type": "MODIFIED", "object": node_object(&s, metadata_only)})
+                })
+            };
+            if let Some(ev) = ev {
+                if tx.send(line(ev)).await.is_err() {
+                    return;
+                }
+            } else if bookmarks {
+                let rv = sh.state.lock().unwrap().rv;
+                let kind = if metadata_only { "PartialObjectMetadata" } else { "Node" };
+                let api = if metadata_only { "meta.k8s.io/v1" } else { "v1" };
+                let bm = json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": {"resourceVersion": rv.to_string()}}});
+                if tx.send(line(bm)).await.is_err() {
+                    return;
+                }
+            }
+            match tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv()).await {
+                Ok(Ok(Signal::DropWatches)) | Ok(Err(broadcast::error::RecvError::Closed)) => return,
+                _ => {}
+            }
+        }
+    });
+    Response::builder().header("content-type", "application/json").body(Body::from_stream(stream)).unwrap()
+}
+
+/// A stream fed by an async producer through a channel.
+fn async_stream<F, Fut>(producer: F) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(producer(tx));
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
+}
+
+impl ApiServer {
+    /// Starts a server for a node called `node`.
+    pub fn start(node: &str) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let state = Arc::new(Mutex::new(ApiState { node: node.to_string(), rv: 1, ..Default::default() }));
+        let (changes, _) = broadcast::channel(64);
+        let shared = Shared { state, changes };
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { port, shared, _runtime: runtime }
+    }
+
+    /// Locks the state for reading or changing it directly.
+    pub fn state(&self) -> std::sync::MutexGuard<'_, ApiState> {
+        self.shared.state.lock().unwrap()
+    }
+
+    fn changed(&self) {
+        self.state().rv += 1;
+        let _ = self.shared.changes.send(Signal::Changed);
+    }
+
+    /// `kubectl label node N key=value --overwrite` (or removal with `None`).
+    pub fn label(&self, key: &str, value: Option<&str>) {
+        match value {
+            Some(v) => self.state().labels.insert(key.into(), v.into()),
+            None => self.state().labels.remove(key),
+        };
+        self.changed();
+    }
+
+    /// `kubectl annotate node N key=value --overwrite` (or removal with `None`).
+    pub fn annotate(&self, key: &str, value: Option<&str>) {
+        match value {
+            Some(v) => self.state().annotations.insert(key.into(), v.into()),
+            None => self.state().annotations.remove(key),
+        };
+        self.changed();
+    }
+
+    /// A node label's current value.
+    pub fn get_label(&self, key: &str) -> Option<String> {
+        self.state().labels.get(key).cloned()
+    }
+
+    /// Closes every open watch stream (as a proxy or API server restart would).
+    pub fn drop_watches(&self) {
+        let _ = self.shared.changes.send(Signal::DropWatches);
+    }
+
+    /// Number of write requests (PATCH, POST, PUT, DELETE) seen so far.
+    pub fn writes(&self) -> usize {
+        self.state().requests.iter().filter(|(m, _)| m != "GET").count()
+    }
+
+    /// Writes a kubeconfig for this server into `dir` and returns its path.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        let p = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://127.0.0.1:{}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\nusers:\n- name: test\n  user: {{}}\n",
+            self.port
+        );
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
