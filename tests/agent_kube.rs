@@ -12,8 +12,25 @@ use support::{example_config, Backend, Node};
 on_both_backends!(
     label_changes_reconfigure_and_report,
     bad_input_and_busy_instances_fail_clearly,
-    survives_api_failures_and_stays_quiet
+    survives_api_failures_and_stays_quiet,
+    absent_label_changes_nothing_and_foreign_layouts_fail
 );
+
+fn absent_label_changes_nothing_and_foreign_layouts_fail(b: Backend) {
+    let node = Node::with(b, "A30-24GB:1,V100-SXM2-16GB:1");
+    let api = ApiServer::start(NODE);
+    let before = node.load();
+    let _agent = start(&node, &api, &["--resync-interval", "200ms"]);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(api.get_label(STATE), None, "no label: no state written");
+    assert_eq!(api.writes(), 0);
+    assert_eq!(node.load(), before);
+    // A layout whose entries select none of this node's GPUs (A100 device filters on an A30 node).
+    api.label(LAYOUT, Some("all-balanced"));
+    wait_state(&api, "failed", "all-balanced");
+    assert!(reason(&api).contains("has no entry for this node's GPUs (A30-24GB, V100-SXM2-16GB)"), "{}", reason(&api));
+    assert_eq!(node.load(), before);
+}
 
 const NODE: &str = "gpu-node-1";
 const LAYOUT: &str = "nvidia.com/mig.config";
@@ -74,12 +91,10 @@ fn wait_state(api: &ApiServer, state: &str, layout: &str) {
                 return;
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {state}/{layout}: {:?} {:?}",
-            api.state().labels,
-            api.state().annotations
-        );
+        if Instant::now() >= deadline {
+            let s = api.state();
+            panic!("timed out waiting for {state}/{layout}: {:?} {:?}", s.labels, s.annotations);
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -138,6 +153,16 @@ fn label_changes_reconfigure_and_report(b: Backend) {
     let after = uuids(&node);
     assert_eq!(before.iter().filter(|u| after.contains(u)).count(), 4, "2 MIG devices kept per GPU");
     node.run(&["assert", "-f", &cfg, "-c", "mixed-3g-2g"]).ok();
+
+    // API requests of one reconcile (label change → success), by method. Reported, not asserted.
+    wait_event(&api, "Reconfigured", "mixed-3g-2g");
+    let r0 = api.state().requests.len();
+    api.label(LAYOUT, Some("all-balanced"));
+    wait_state(&api, "success", "all-balanced");
+    wait_event(&api, "Reconfigured", "all-balanced: applied");
+    std::thread::sleep(Duration::from_millis(300));
+    let reqs: Vec<(String, String)> = api.state().requests[r0..].to_vec();
+    println!("{b:?}: API requests for one reconcile: {:?}", reqs);
 
     // Latency of label → success, 20 changes (no op delay). Reported, not asserted.
     let mut times = Vec::new();
@@ -207,4 +232,168 @@ fn survives_api_failures_and_stays_quiet(b: Backend) {
     let writes = api.writes();
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(api.writes(), writes, "API writes at steady state");
+}
+
+const PLUGIN: &str = "nvidia.com/gpu.deploy.device-plugin";
+const DCGM: &str = "nvidia.com/gpu.deploy.dcgm-exporter";
+const GFD: &str = "nvidia.com/gpu.deploy.gpu-feature-discovery";
+
+fn pod(name: &str, selector: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "gpu-operator"},
+        "spec": {"nodeName": NODE, "nodeSelector": {selector: "true"}, "containers": []},
+    })
+}
+
+/// Plays the GPU Operator's DaemonSet controller: a pod leaves when its selector label is not
+/// `true` and comes back when it is, except pods named `stuck-*`. Records every paused value seen.
+fn operand_controller(
+    api: std::sync::Arc<ApiServer>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            {
+                let mut s = api.state();
+                for (k, v) in s.labels.clone() {
+                    if v == "paused-for-mig-change" && !seen.contains(&k) {
+                        seen.push(k);
+                    }
+                }
+                let labels = s.labels.clone();
+                s.pods.retain(|p| {
+                    let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                    let sel = p["spec"]["nodeSelector"].as_object().unwrap();
+                    name.starts_with("stuck") || sel.keys().all(|k| labels.get(k).map(String::as_str) == Some("true"))
+                });
+                for (name, key) in [("device-plugin", PLUGIN), ("dcgm-exporter", DCGM)] {
+                    let present = s.pods.iter().any(|p| p["metadata"]["name"] == name);
+                    if !present && labels.get(key).map(String::as_str) == Some("true") {
+                        s.pods.push(pod(name, key));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        seen
+    })
+}
+
+fn deploy_labels(api: &ApiServer) -> (Option<String>, Option<String>, Option<String>, bool) {
+    let s = api.state();
+    (
+        s.labels.get(PLUGIN).cloned(),
+        s.labels.get(DCGM).cloned(),
+        s.labels.get(GFD).cloned(),
+        s.annotations.contains_key("gpupart.io/paused-clients"),
+    )
+}
+
+fn restored(api: &ApiServer) -> bool {
+    deploy_labels(api) == (Some("true".into()), Some("true".into()), Some("false".into()), false)
+}
+
+fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn pauses_gpu_clients_and_always_restores_them() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let node = Node::with(Backend::Sim, "A100-SXM4-80GB:1");
+    let api = Arc::new(ApiServer::start(NODE));
+    for (k, v) in [(PLUGIN, "true"), (DCGM, "true"), (GFD, "false")] {
+        api.label(k, Some(v));
+    }
+    api.state().pods.extend([pod("device-plugin", PLUGIN), pod("dcgm-exporter", DCGM)]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let controller = operand_controller(api.clone(), stop.clone());
+
+    // Success: paused during the change, restored after; `false` labels are left alone.
+    let fail = node.fail_env("nvmlDeviceCreateGpuInstanceWithPlacement:1:NVML_ERROR_UNKNOWN");
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let lock = node.dir.path().join("agent.lock");
+    let cfg = example_config();
+    let agent_args = |timeout: &'static str| -> Vec<String> {
+        [
+            "agent",
+            "-f",
+            &cfg,
+            "--node-name",
+            NODE,
+            "--lock-file",
+            lock.to_str().unwrap(),
+            "--reboot-guard",
+            node.dir.path().join("g").to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--retry-min",
+            "100ms",
+            "--retry-max",
+            "300ms",
+            "--resync-interval",
+            "1h",
+            "--pause-gpu-clients",
+            "--pause-timeout",
+            timeout,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let spawn = |args: &[String], env: &[(&str, &str)]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut env = env.to_vec();
+        env.push(("KUBECONFIG", kubeconfig.to_str().unwrap()));
+        Agent(node.command(&args, &env).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    };
+    {
+        // The first attempt fails after pausing (injected NVML error), the retry succeeds.
+        let _agent = spawn(&agent_args("10s"), &[(fail[0].0, fail[0].1.as_str())]);
+        api.label(LAYOUT, Some("all-balanced"));
+        wait_event(&api, "ReconfigureFailed", "NVML_ERROR_UNKNOWN");
+        wait_state(&api, "success", "all-balanced");
+        wait_until("labels are restored after failure and success", || restored(&api));
+    }
+    // Timeout: a client that never stops fails the change, with the labels restored.
+    api.state().pods.push(pod("stuck-monitor", DCGM));
+    {
+        let _agent = spawn(&agent_args("1s"), &[]);
+        api.label(LAYOUT, Some("mixed-3g-2g"));
+        wait_state(&api, "failed", "mixed-3g-2g");
+        assert!(reason(&api).contains("waiting for gpu-operator/stuck-monitor to stop"), "{}", reason(&api));
+        wait_until("labels are restored after a timeout", || restored(&api));
+    }
+    node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
+
+    // Restart: killed while clients are paused (a stuck client keeps it waiting); the next agent
+    // restores them first.
+    api.state().pods.push(pod("stuck-monitor", DCGM));
+    {
+        let agent = spawn(&agent_args("1h"), &[]);
+        api.label(LAYOUT, Some("all-1g.10gb"));
+        wait_until("clients are paused", || deploy_labels(&api).3);
+        drop(agent); // SIGKILL while waiting
+        assert!(deploy_labels(&api).3, "still paused after the kill");
+    }
+    api.state().pods.retain(|p| p["metadata"]["name"] != "stuck-monitor");
+    let _agent = spawn(&agent_args("10s"), &[]);
+    wait_until("a restarted agent restores the paused labels", || {
+        restored(&api) || api.get_label(STATE).as_deref() == Some("pending")
+    });
+    wait_state(&api, "success", "all-1g.10gb");
+    wait_until("labels restored", || restored(&api));
+    stop.store(true, Ordering::SeqCst);
+    let seen = controller.join().unwrap();
+    assert!(
+        seen.contains(&PLUGIN.to_string()) && seen.contains(&DCGM.to_string()) && !seen.contains(&GFD.to_string()),
+        "{seen:?}"
+    );
 }

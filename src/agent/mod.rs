@@ -43,7 +43,12 @@ enum Mode {
     /// Bare metal: a fixed name or a layout file.
     File(LayoutSource),
     /// Kubernetes: the own Node's layout label.
-    Kube { watch: NodeWatch, client: ::kube::Client, node: String },
+    Kube {
+        watch: NodeWatch,
+        client: ::kube::Client,
+        node: String,
+        clients: Option<Arc<crate::kube::pause::KubeClients>>,
+    },
 }
 
 /// Runs the agent until SIGTERM/SIGINT.
@@ -95,7 +100,18 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                 });
                 let instance = std::env::var("POD_NAME").unwrap_or_else(|_| node.clone());
                 reporters.push(Box::new(KubeReporter::spawn(client.clone(), node.clone(), instance)));
-                Mode::Kube { watch, client, node: node.clone() }
+                // Labels paused by an earlier run of this agent are restored before anything else.
+                crate::kube::pause::restore(&client, &node).await;
+                let clients = a.pause_gpu_clients.then(|| {
+                    Arc::new(crate::kube::pause::KubeClients::new(
+                        client.clone(),
+                        node.clone(),
+                        watch.clone(),
+                        a.pause_timeout,
+                        tokio::runtime::Handle::current(),
+                    ))
+                });
+                Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
         async_main(a.clone(), mode, backend, Arc::new(Fanout(reporters)), tx, rx).await
@@ -185,10 +201,15 @@ async fn async_main(
             continue;
         };
         let (b, r) = (backend.clone(), reporter.clone());
+        let clients = match &mode {
+            Mode::Kube { clients: Some(c), .. } => Some(c.clone()),
+            _ => None,
+        };
         let mut run_settings = settings;
         run_settings.force |= forced;
         let result = tokio::task::spawn_blocking(move || {
-            reconcile(b.as_ref(), &desired, run_settings, &mut |pending| r.publish(pending))
+            let c = clients.as_deref().map(|c| c as &dyn reconcile::Clients);
+            reconcile(b.as_ref(), &desired, run_settings, c, &mut |pending| r.publish(pending))
         })
         .await
         .context("the reconcile task panicked")?;

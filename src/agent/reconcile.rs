@@ -28,6 +28,14 @@ pub struct Settings {
     pub exec: ExecOptions,
 }
 
+/// GPU clients to stop around a change (NVIDIA GPU Operator operands), restored afterwards.
+pub trait Clients: Send + Sync {
+    /// Pauses the clients and waits for them to stop; `Err` says why they did not (in time).
+    fn pause(&self) -> Result<(), String>;
+    /// Restores what `pause` paused. Called after every `pause`, whatever happened.
+    fn resume(&self);
+}
+
 /// How a reconcile ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reconciled {
@@ -46,6 +54,7 @@ pub fn reconcile(
     backend: &dyn GpuBackend,
     desired: &Desired,
     s: Settings,
+    clients: Option<&dyn Clients>,
     on_pending: &mut dyn FnMut(&AgentStatus),
 ) -> Reconciled {
     let Some(name) = &desired.layout else {
@@ -75,6 +84,14 @@ pub fn reconcile(
         Ok(j) => j,
         Err(e) => return failed(layout, e.problems.join("; "), e.blocked),
     };
+    if !jobs.is_empty() && jobs.iter().all(|j| matches!(j.target, crate::prepare::Target::Leave { .. })) {
+        let models: Vec<String> = jobs.iter().map(|j| j.state.info.model.clone()).collect();
+        return failed(
+            layout,
+            format!("layout '{name}' has no entry for this node's GPUs ({})", models.join(", ")),
+            false,
+        );
+    }
     let (kept, destroyed, created) = jobs
         .iter()
         .filter_map(|j| j.plan.as_ref())
@@ -94,7 +111,16 @@ pub fn reconcile(
     );
     on_pending(&with_counts(pending, 0));
     let start = Instant::now();
+    if let Some(c) = clients {
+        if let Err(why) = c.pause() {
+            c.resume();
+            return failed(layout, format!("GPU clients did not stop, nothing was changed: {why}"), true);
+        }
+    }
     let reports = crate::exec::execute(backend, &jobs, s.exec);
+    if let Some(c) = clients {
+        c.resume();
+    }
     let ms = start.elapsed().as_millis() as u64;
     let errors: Vec<&ExecError> = reports
         .iter()

@@ -13,3 +13,5 @@ pub const STATE_LAYOUT: &str = "gpupart.io/state-layout";
 pub const FORCE: &str = "gpupart.io/force-reconfigure";
 /// Field manager of every agent write.
 pub const FIELD_MANAGER: &str = "gpupart";
+/// Annotation listing the GPU-client labels this agent paused (so a restarted agent restores them).
+pub const PAUSED_CLIENTS: &str = "gpupart.io/paused-clients";

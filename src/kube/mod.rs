@@ -3,6 +3,7 @@
 
 pub mod keys;
 pub mod node;
+pub mod pause;
 pub mod publish;
 
 pub use node::{NodeView, NodeWatch};
