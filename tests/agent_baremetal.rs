@@ -192,3 +192,38 @@ fn sighup_rereads_and_lock_refuses_a_second_agent(b: Backend) {
     assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
     agent.wait_for("success", "all-balanced");
 }
+
+/// A pass-through GPU (no reset): the MIG mode needs a reboot. Without --allow-reboot the state is
+/// `failed` ("reboot required"); with it, `rebooting` and the reboot command runs once; if the mode
+/// is still wrong after that reboot, `failed` instead of a reboot loop.
+#[test]
+fn reboot_only_when_allowed_and_only_once() {
+    let node = Node::with(Backend::Sim, "A100-SXM4-80GB:1");
+    let mut s = node.load();
+    s.gpus[0].passthrough = true;
+    node.save(&s);
+    let layout = node.dir.path().join("layout");
+    std::fs::write(&layout, "all-balanced\n").unwrap();
+    {
+        let agent = start(&node, &layout, &["--resync-interval", "1h"]);
+        let st = agent.wait_for("failed", "all-balanced");
+        assert!(st["reason"].as_str().unwrap().contains("reboot required"), "{st}");
+    }
+    let marker = node.dir.path().join("rebooted");
+    let reboot = format!("touch {}", marker.display());
+    {
+        let agent = start(&node, &layout, &["--resync-interval", "1h", "--allow-reboot", "--reboot-command", &reboot]);
+        agent.wait_for("rebooting", "all-balanced");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !marker.exists() {
+            assert!(Instant::now() < deadline, "the reboot command did not run");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // "After the reboot" the mode is still pending: the guard stops a reboot loop.
+    std::fs::remove_file(&marker).unwrap();
+    let agent = start(&node, &layout, &["--resync-interval", "1h", "--allow-reboot", "--reboot-command", &reboot]);
+    let st = agent.wait_for("failed", "all-balanced");
+    assert!(st["reason"].as_str().unwrap().contains("did not take effect after rebooting"), "{st}");
+    assert!(!marker.exists(), "no second reboot");
+}

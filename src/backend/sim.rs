@@ -200,6 +200,7 @@ impl GpuBackend for SimBackend {
             Activation::Done => ModeActivation::Done,
             Activation::PendingReset => ModeActivation::PendingReset,
             Activation::InUse => ModeActivation::InUse,
+            Activation::RebootRequired => ModeActivation::RebootRequired,
         })
     }
 

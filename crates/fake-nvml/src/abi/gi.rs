@@ -77,6 +77,7 @@ pub unsafe extern "C" fn nvmlDeviceSetMigMode(device: nvmlDevice_t, mode: c_uint
         let code = match activation {
             Activation::Done | Activation::PendingReset => SUCCESS,
             Activation::InUse => 19,
+            Activation::RebootRequired => 16,
         };
         unsafe { put(status, code) }
     })

@@ -71,6 +71,9 @@ pub enum Activation {
     PendingReset,
     /// The device is not idle; nothing changed (NVML_ERROR_IN_USE).
     InUse,
+    /// No GPU reset is exposed (pass-through): pending until the machine reboots
+    /// (NVML_ERROR_RESET_REQUIRED).
+    RebootRequired,
 }
 
 impl SimState {
@@ -86,6 +89,7 @@ impl SimState {
                     uuid: ids::gpu_uuid(model.id, index),
                     bus_id: ids::bus_id(index),
                     mig_mode: MigModeState::default(),
+                    passthrough: false,
                     processes: Vec::new(),
                     gpu_instances: Vec::new(),
                 });
@@ -198,6 +202,10 @@ impl SimState {
         if !enabled && !gpu.gpu_instances.is_empty() {
             return Ok(Activation::InUse);
         }
+        if gpu.passthrough {
+            gpu.mig_mode.pending = enabled;
+            return Ok(Activation::RebootRequired);
+        }
         if model.arch.mig_mode_needs_reset() {
             gpu.mig_mode.pending = enabled;
             if gpu.mig_mode.current == enabled {
@@ -216,6 +224,9 @@ impl SimState {
     /// mode and destroys every GPU instance.
     pub fn reset(&mut self, index: u32) -> Result<(), SimError> {
         let gpu = self.gpu_mut(index)?;
+        if gpu.passthrough {
+            return err(NvmlCode::NotSupported, format!("GPU {index}: reset is not available (pass-through)"));
+        }
         if let Some(p) = gpu.all_processes().next() {
             return err(NvmlCode::InUse, format!("GPU {index} is in use by process {}", p.pid));
         }

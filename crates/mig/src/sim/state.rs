@@ -59,6 +59,9 @@ pub struct SimGpu {
     /// MIG mode (both false on GPUs without MIG).
     #[serde(default)]
     pub mig_mode: MigModeState,
+    /// GPU reset is not exposed (pass-through VM): a MIG mode change needs a reboot.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough: bool,
     /// Processes on the whole GPU (outside any MIG instance).
     #[serde(default)]
     pub processes: Vec<SimProcess>,
