@@ -81,6 +81,19 @@ pub enum Command {
     Status(StatusArgs),
     /// Run the node agent: keep the GPUs in the layout the node label (or a file) asks for.
     Agent(Box<AgentArgs>),
+    /// Fragmentation figures per GPU and for the node.
+    Frag(FragArgs),
+}
+
+/// `frag` options.
+#[derive(Debug, Args)]
+pub struct FragArgs {
+    /// Config file whose `gpupart.workload` block sets the target workload mix.
+    #[arg(short = 'f', long = "config-file", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
+    pub output: StatusFormat,
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h` or a plain number of seconds.

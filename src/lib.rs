@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod exec;
+pub mod frag;
 pub mod http;
 pub mod kube;
 pub mod layout;

@@ -291,3 +291,35 @@ fn config_from_stdin() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(node.status()["gpus"][0]["instances"].as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn frag_reports_the_reference_example_and_honours_the_workload_block() {
+    let node = Node::new("H100-SXM5-80GB:1,V100-SXM2-16GB:1");
+    let three = node.config(
+        "three.yaml",
+        "version: v1\ngpupart:\n  workload: {\"3g.40gb\": 1}\nmig-configs:\n  x:\n    - device-filter: \"0x233010DE\"\n      devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 3}\n",
+    );
+    node.apply(&three, "x");
+    // Move the three 1g instances to slots 0, 1 and 5 (the reference's fragmented layout).
+    let mut s = node.load();
+    for (gi, start) in s.gpus[0].gpu_instances.iter_mut().zip([0, 1, 5]) {
+        gi.placement.start = start;
+    }
+    node.save(&s);
+    let doc: serde_json::Value =
+        serde_json::from_str(&node.run(&["frag", "-o", "json", "-f", &three]).ok().stdout).unwrap();
+    let g = &doc["gpus"][0];
+    assert_eq!((g["free_memory_slices"].as_u64(), g["free_compute_slices"].as_u64()), (Some(5), Some(4)));
+    assert_eq!(g["largest_creatable"], "2g.20gb");
+    assert_eq!(g["workload"], serde_json::json!([["3g.40gb", 1.0]]));
+    assert_eq!(g["expected_fragmentation_slices"], 5.0, "no 3g fits anywhere: all 5 free slices are fragmented");
+    let three_g = g["profiles"].as_array().unwrap().iter().find(|p| p["profile"] == "3g.40gb").unwrap();
+    assert_eq!((three_g["creatable"].as_u64(), three_g["unusable_ratio"].as_f64()), (Some(0), Some(1.0)));
+    assert_eq!(doc["node"]["idle_without_mig_gpus"], 1);
+    assert_eq!(doc["node"]["whole_free_gpus"], 1);
+    assert!((doc["node"]["unallocated_gpus"].as_f64().unwrap() - 1.625).abs() < 1e-9);
+    let table = node.run(&["frag"]).ok().stdout;
+    assert!(table.contains("largest creatable 2g.20gb") && table.contains("node: 2 GPUs"), "{table}");
+    let status = node.status();
+    assert_eq!(status["gpus"][0]["fragmentation"]["largest_creatable"], "2g.20gb");
+}

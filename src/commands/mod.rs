@@ -3,6 +3,7 @@
 mod apply;
 mod assert;
 mod export;
+mod frag;
 mod status;
 mod validate;
 
@@ -26,6 +27,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Validate(a) => validate::run(&cli.global, &a),
         Command::Status(a) => status::run(&cli.global, &a),
         Command::Agent(a) => crate::agent::run(&cli.global, &a),
+        Command::Frag(a) => frag::run(&cli.global, &a),
     }
 }
 

@@ -43,6 +43,8 @@ pub struct GpuStatus {
     pub free: Option<FreeStatus>,
     /// Processes outside MIG instances.
     pub processes: Vec<Process>,
+    /// Fragmentation figures (docs/fragmentation.md), against the default workload mix.
+    pub fragmentation: crate::frag::GpuFrag,
 }
 
 /// One MIG device in `status -o json`.
@@ -142,6 +144,7 @@ pub fn status_doc(states: &[GpuState]) -> StatusDoc {
                 instances,
                 free,
                 processes: s.processes.clone(),
+                fragmentation: crate::frag::gpu_frag(s, None),
             }
         })
         .collect();
@@ -189,6 +192,16 @@ fn table(doc: &StatusDoc) -> String {
                 f.compute_slices,
                 f.stranded_memory_slices,
                 f.largest_creatable.as_deref().unwrap_or("none")
+            );
+        }
+        if g.fragmentation.mig_enabled {
+            let f = &g.fragmentation;
+            let _ = writeln!(
+                out,
+                "  fragmentation: {:.2} of {} free memory slices expected unusable ({:.0}%)",
+                f.expected_fragmentation_slices,
+                f.free_memory_slices,
+                f.expected_fragmentation_ratio * 100.0
             );
         }
         if !g.processes.is_empty() {

@@ -11,10 +11,13 @@ use gpupart_mig::ProfileName;
 use std::fmt;
 
 /// A parsed config file: named configs in file order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ConfigFile {
     /// `mig-configs`, in file order.
     pub configs: Vec<MigConfig>,
+    /// gpupart extension `gpupart.workload`: the target workload mix for fragmentation figures
+    /// (profile name → weight). mig-parted rejects files that carry the `gpupart` block.
+    pub workload: Vec<(ProfileName, f64)>,
 }
 
 /// One named config: a list of device specs applied in order (the last matching spec wins).

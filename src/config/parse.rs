@@ -39,10 +39,11 @@ pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
         )));
     };
     for key in top.keys() {
-        if key != "version" && key != "mig-configs" {
+        if key != "version" && key != "mig-configs" && key != "gpupart" {
             return Err(ConfigError::top(format!("unexpected field: {key}")));
         }
     }
+    let workload = parse_extension(top.get("gpupart"))?;
     match top.get("version") {
         Some(Value::String(v)) if v == "v1" => {}
         Some(v) => return Err(ConfigError::top(format!("unknown version: {}", show(v)))),
@@ -60,7 +61,40 @@ pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
     for (name, specs) in configs {
         out.push(parse_config(name, specs)?);
     }
-    Ok(ConfigFile { configs: out })
+    Ok(ConfigFile { configs: out, workload })
+}
+
+/// The `gpupart:` extension block: `workload: {PROFILE: WEIGHT, …}`.
+fn parse_extension(block: Option<&Value>) -> Result<Vec<(gpupart_mig::ProfileName, f64)>, ConfigError> {
+    let err = |key: &str, message: String| ConfigError {
+        config: None,
+        entry: None,
+        key: Some(format!("gpupart.{key}")),
+        message,
+    };
+    let Some(block) = block else { return Ok(Vec::new()) };
+    let Value::Object(m) = block else {
+        return Err(err("", format!("expected a mapping, found {}", show(block))));
+    };
+    for key in m.keys() {
+        if key != "workload" {
+            return Err(err(key, format!("unexpected field: {key}")));
+        }
+    }
+    let Some(w) = m.get("workload") else { return Ok(Vec::new()) };
+    let Value::Object(w) = w else {
+        return Err(err("workload", format!("expected a mapping of profile names to weights, found {}", show(w))));
+    };
+    let mut out = Vec::new();
+    for (name, weight) in w {
+        let p: gpupart_mig::ProfileName =
+            name.parse().map_err(|e: gpupart_mig::name::NameError| err("workload", e.to_string()))?;
+        let x = weight.as_f64().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| {
+            err("workload", format!("invalid weight {} for '{name}': expected a number >= 0", show(weight)))
+        })?;
+        out.push((p, x));
+    }
+    Ok(out)
 }
 
 fn parse_config(name: &str, specs: &Value) -> Result<MigConfig, ConfigError> {

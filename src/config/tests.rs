@@ -157,3 +157,17 @@ mig-configs:
     let e = select(bad.choose(None).unwrap(), &node).unwrap_err().to_string();
     assert!(e.contains("GPU 3 (m3) does not support MIG"), "{e}");
 }
+
+#[test]
+fn gpupart_workload_extension() {
+    let f = parse("version: v1\ngpupart:\n  workload: {\"1g.10gb\": 0.7, \"3g.40gb\": 0.3}\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n").unwrap();
+    assert_eq!(f.workload.len(), 2);
+    assert_eq!(f.workload[0].1, 0.7);
+    let e = parse("version: v1\ngpupart:\n  workload: {\"1g.10gb\": -1}\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n").unwrap_err().to_string();
+    assert_eq!(e, "key 'gpupart.workload': invalid weight -1 for '1g.10gb': expected a number >= 0");
+    let e =
+        parse("version: v1\ngpupart:\n  other: 1\nmig-configs:\n  a:\n    - devices: all\n      mig-enabled: false\n")
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("unexpected field: other"), "{e}");
+}

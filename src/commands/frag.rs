@@ -1,0 +1,88 @@
+//! `gpupart frag`: fragmentation figures of every GPU and of the node (docs/fragmentation.md).
+
+use super::{open_backend, read_config};
+use crate::cli::{FragArgs, GlobalArgs, StatusFormat};
+use crate::frag::{gpu_frag, node_frag, GpuFrag, NodeFrag, Workload};
+use anyhow::Context;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+/// `frag -o json` document.
+#[derive(Debug, Serialize)]
+pub struct FragDoc {
+    /// Node totals.
+    pub node: NodeFrag,
+    /// Per GPU.
+    pub gpus: Vec<GpuFrag>,
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+fn table(doc: &FragDoc) -> String {
+    let mut out = String::new();
+    for g in &doc.gpus {
+        if !g.mig_enabled {
+            let state = if g.idle_without_mig { "idle" } else { "in use" };
+            let _ = writeln!(out, "GPU {} {}: MIG disabled, whole GPU {state}", g.index, g.model);
+            continue;
+        }
+        let mix: Vec<String> = g.workload.iter().map(|(p, w)| format!("{p} {}", pct(*w))).collect();
+        let _ = writeln!(
+            out,
+            "GPU {} {}: free {}/{} memory slices, {}/{} compute; largest creatable {}; expected fragmentation {:.2} slices ({} of free) against {}",
+            g.index,
+            g.model,
+            g.free_memory_slices,
+            g.memory_slices,
+            g.free_compute_slices,
+            g.compute_slices,
+            g.largest_creatable.as_deref().unwrap_or("none"),
+            g.expected_fragmentation_slices,
+            pct(g.expected_fragmentation_ratio),
+            mix.join(", ")
+        );
+        let _ = writeln!(out, "  {:<14} {:>9} {:>8} {:>9}", "PROFILE", "CREATABLE", "STRANDED", "UNUSABLE");
+        for p in &g.profiles {
+            let _ = writeln!(
+                out,
+                "  {:<14} {:>9} {:>8} {:>9}",
+                p.profile,
+                p.creatable,
+                p.stranded_slices,
+                pct(p.unusable_ratio)
+            );
+        }
+    }
+    let n = &doc.node;
+    let _ = writeln!(
+        out,
+        "node: {} GPUs, {:.2} GPU-equivalents unallocated, {:.2} fragmented ({}), {} whole free GPUs, {} idle without MIG",
+        n.gpus,
+        n.unallocated_gpus,
+        n.fragmented_gpus,
+        pct(n.fragmentation_ratio),
+        n.whole_free_gpus,
+        n.idle_without_mig_gpus
+    );
+    out
+}
+
+/// Runs `frag`.
+pub fn run(g: &GlobalArgs, a: &FragArgs) -> anyhow::Result<ExitCode> {
+    let workload = match &a.config_file {
+        Some(f) => Some(Workload { weights: read_config(f)?.workload }),
+        None => None,
+    };
+    let backend = open_backend(g)?;
+    let states = backend.observe_all().context("reading the GPUs")?;
+    let gpus: Vec<GpuFrag> = states.iter().map(|s| gpu_frag(s, workload.as_ref())).collect();
+    let doc = FragDoc { node: node_frag(&gpus), gpus };
+    match a.output {
+        StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
+        StatusFormat::Table => print!("{}", table(&doc)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
