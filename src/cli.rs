@@ -169,6 +169,9 @@ pub struct AgentArgs {
     /// Write the agent's state as JSON here (bare-metal mode).
     #[arg(long, value_name = "FILE")]
     pub status_file: Option<PathBuf>,
+    /// How often the metrics snapshot is refreshed besides after every change.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub metrics_interval: std::time::Duration,
     /// Listen address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = crate::http::DEFAULT_ADDR)]
     pub metrics_addr: std::net::SocketAddr,

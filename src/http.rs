@@ -53,6 +53,8 @@ pub struct HttpState {
     pub health: Arc<Health>,
     /// Longest acceptable loop silence before `/healthz` fails, seconds.
     pub max_silence_secs: u64,
+    /// The metrics registry.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
@@ -71,12 +73,14 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics() -> impl IntoResponse {
-    let body = format!(
-        "# TYPE gpupart_build info\n# HELP gpupart_build gpupart build information.\ngpupart_build_info{{version=\"{}\"}} 1\n# EOF\n",
-        env!("CARGO_PKG_VERSION")
-    );
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+/// OpenMetrics when the scraper asks for it (Prometheus does), else the classic text format.
+async fn metrics(State(s): State<HttpState>, headers: axum::http::HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if accept.contains("application/openmetrics-text") {
+        ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
+    } else {
+        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render_text())
+    }
 }
 
 /// The router.

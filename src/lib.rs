@@ -17,6 +17,7 @@ pub mod http;
 pub mod kube;
 pub mod layout;
 pub mod logging;
+pub mod metrics;
 pub mod observed;
 pub mod plan;
 pub mod prepare;

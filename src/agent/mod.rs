@@ -75,7 +75,9 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         (None, None) => bail!("Kubernetes mode needs the node name: --node-name or NODE_NAME (downward API)"),
     };
     let _lock = lock::NodeLock::acquire(&a.lock_file)?;
-    let backend: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let raw: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
+    let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
         let (tx, rx) = mpsc::channel::<Wake>(8);
@@ -114,7 +116,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
-        async_main(a.clone(), mode, backend, Arc::new(Fanout(reporters)), tx, rx).await
+        async_main(a.clone(), mode, backend, metrics, Arc::new(Fanout(reporters)), tx, rx).await
     })
 }
 
@@ -151,6 +153,7 @@ async fn async_main(
     a: AgentArgs,
     mode: Mode,
     backend: Arc<dyn GpuBackend>,
+    metrics: Arc<crate::metrics::Metrics>,
     reporter: Arc<dyn Reporter>,
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
@@ -161,8 +164,13 @@ async fn async_main(
         .await
         .with_context(|| format!("listening on {}", a.metrics_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
-    let http_state =
-        HttpState { health: health.clone(), max_silence_secs: (a.resync_interval.as_secs() * 2).max(60) + 600 };
+    let http_state = HttpState {
+        health: health.clone(),
+        max_silence_secs: (a.resync_interval.as_secs() * 2).max(60) + 600,
+        metrics: metrics.clone(),
+    };
+    let collect_now = Arc::new(tokio::sync::Notify::new());
+    spawn_collector(backend.clone(), metrics, collect_now.clone(), a.config_file.clone(), a.metrics_interval);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(http_state)).await {
             tracing::error!(error = %e, "HTTP server stopped");
@@ -235,12 +243,47 @@ async fn async_main(
             let _ = std::fs::remove_file(&a.reboot_guard);
         }
         reporter.publish(&status);
+        collect_now.notify_one();
         health.set_ready();
         health.beat();
         if reboot_now {
             reboot(&a.reboot_command);
         }
     }
+}
+
+/// Refreshes the metrics snapshot after every reconcile and every `every`; a scrape only renders it.
+fn spawn_collector(
+    backend: Arc<dyn GpuBackend>,
+    metrics: Arc<crate::metrics::Metrics>,
+    now: Arc<tokio::sync::Notify>,
+    config: std::path::PathBuf,
+    every: Duration,
+) {
+    tokio::spawn(async move {
+        loop {
+            let (b, m, c) = (backend.clone(), metrics.clone(), config.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                let t = std::time::Instant::now();
+                let workload = std::fs::read_to_string(&c)
+                    .ok()
+                    .and_then(|text| crate::config::parse(&text).ok())
+                    .map(|f| crate::frag::Workload { weights: f.workload });
+                match b.observe_all() {
+                    Ok(states) => m.update(&states, workload.as_ref(), t.elapsed().as_secs_f64()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metrics collection failed");
+                        m.collect_failed(t.elapsed().as_secs_f64());
+                    }
+                }
+            })
+            .await;
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = now.notified() => {}
+            }
+        }
+    });
 }
 
 fn spawn_signals(tx: mpsc::Sender<Wake>) -> anyhow::Result<()> {

@@ -1,0 +1,360 @@
+//! Prometheus metrics (OpenMetrics text via prometheus-client), following the proposal in
+//! shared/reference/fragmentation-and-metrics.md §7 and Prometheus naming rules. Gauges are a
+//! snapshot refreshed after every change and periodically — a scrape only renders memory, it never
+//! waits on NVML — and series of instances or profiles that no longer exist disappear. Counters and
+//! the duration histogram come from [`Instrumented`], a backend wrapper that times every change.
+
+use crate::backend::{BackendError, GpuBackend, ModeActivation};
+use crate::frag::{gpu_frag, node_frag, Workload};
+use crate::mig::Placement;
+use crate::observed::GpuState;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+type Labels = Vec<(String, String)>;
+type G = Family<Labels, Gauge<f64, AtomicU64>>;
+
+fn l(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Every metric family of the agent.
+pub struct Metrics {
+    registry: Registry,
+    lock: Mutex<()>,
+    gpu_info: G,
+    partition_mode: G,
+    mig_mode_pending: G,
+    instance_info: G,
+    memory_slices: G,
+    compute_slices: G,
+    creatable: G,
+    largest_slices: G,
+    largest_info: G,
+    stranded: G,
+    unusable: G,
+    gpu_frag_ratio: G,
+    workload: G,
+    node: G,
+    collect: G,
+    reconfigurations: Family<Labels, Counter>,
+    durations: Family<Labels, Histogram>,
+    nvml_errors: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every family.
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("gpupart");
+        let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
+        r.register("build", "gpupart build information", info);
+        let g = |r: &mut Registry, name: &str, help: &str| {
+            let f = G::default();
+            r.register(name, help, f.clone());
+            f
+        };
+        let gpu_info = g(&mut r, "gpu_info", "GPU inventory; UUID duplicates uuid for dcgm-exporter joins (value 1)");
+        let partition_mode = g(&mut r, "gpu_partition_mode", "Current partition mode of each GPU (value 1)");
+        let mig_mode_pending =
+            g(&mut r, "mig_mode_pending", "1 when the pending MIG mode differs from the current one");
+        let instance_info = g(&mut r, "mig_instance_info", "One series per MIG device with its placement (value 1)");
+        let memory_slices = g(&mut r, "mig_memory_slices", "MIG memory slices by state; the sum is the capacity");
+        let compute_slices = g(&mut r, "mig_compute_slices", "MIG compute slices by state; the sum is the capacity");
+        let creatable = g(&mut r, "mig_profile_creatable", "Instances of a profile that can be created now");
+        let largest_slices =
+            g(&mut r, "mig_largest_creatable_slices", "Memory slices of the largest creatable profile");
+        let largest_info =
+            g(&mut r, "mig_largest_creatable_profile_info", "Name of the largest creatable profile (value 1)");
+        let stranded = g(&mut r, "mig_stranded_slices", "Free memory slices a profile cannot use");
+        let unusable =
+            g(&mut r, "mig_unusable_free_ratio", "Stranded / free memory slices per profile (1 when none is free)");
+        let gpu_frag_ratio = g(
+            &mut r,
+            "gpu_fragmentation_ratio",
+            "Expected fragmentation / free memory slices against the workload mix",
+        );
+        let workload =
+            g(&mut r, "target_workload_weight", "Weight of each profile in the workload mix used for fragmentation");
+        let node = g(&mut r, "node", "Node fragmentation figures by quantity");
+        let collect = g(&mut r, "last_collect", "Last collection: success (0/1), duration_seconds, timestamp_seconds");
+        let reconfigurations = Family::<Labels, Counter>::default();
+        r.register("reconfigurations", "GPU changes by kind and result", reconfigurations.clone());
+        let durations = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0])
+        });
+        r.register("reconfiguration_duration_seconds", "Duration of GPU changes by kind", durations.clone());
+        let nvml_errors = Family::<Labels, Counter>::default();
+        r.register("nvml_errors", "Failed NVML calls by function and return code", nvml_errors.clone());
+        Self {
+            registry: r,
+            lock: Mutex::new(()),
+            gpu_info,
+            partition_mode,
+            mig_mode_pending,
+            instance_info,
+            memory_slices,
+            compute_slices,
+            creatable,
+            largest_slices,
+            largest_info,
+            stranded,
+            unusable,
+            gpu_frag_ratio,
+            workload,
+            node,
+            collect,
+            reconfigurations,
+            durations,
+            nvml_errors,
+        }
+    }
+
+    /// Renders the OpenMetrics text (a consistent view: never half of an update).
+    pub fn render(&self) -> String {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out = "# EOF\n".into();
+        }
+        out
+    }
+
+    /// Renders the classic Prometheus text format (0.0.4) for clients that do not ask for
+    /// OpenMetrics (curl, promtool): `info` families become `<name>_info` gauges, counter families
+    /// are named with their `_total` samples, and the `# EOF` marker is dropped.
+    pub fn render_text(&self) -> String {
+        let open = self.render();
+        let mut out = String::with_capacity(open.len());
+        for line in open.lines() {
+            if line == "# EOF" || line.starts_with("# UNIT ") {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+                let (new, kind) = match kind {
+                    "info" => (format!("{name}_info"), "gauge"),
+                    "counter" => (format!("{name}_total"), "counter"),
+                    other => (name.to_string(), other),
+                };
+                out.push_str(&format!("# TYPE {new} {kind}\n"));
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                // HELP precedes TYPE: rename it from the TYPE line that follows (buffered below).
+                out.push_str(&format!("#HELP-PENDING {rest}\n"));
+                continue;
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+        // Resolve the HELP names now that every TYPE rename is known.
+        let types: Vec<(String, String)> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|r| r.split_once(' ').map(|(n, _)| n.to_string()))
+            .map(|n| {
+                let base = n.strip_suffix("_total").or_else(|| n.strip_suffix("_info")).unwrap_or(&n).to_string();
+                (base, n)
+            })
+            .collect();
+        out.lines()
+            .map(|l| match l.strip_prefix("#HELP-PENDING ") {
+                Some(rest) => {
+                    let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                    let new = types.iter().find(|(b, _)| b == name).map_or(name, |(_, n)| n.as_str());
+                    format!("# HELP {new} {help}\n")
+                }
+                None => format!("{l}\n"),
+            })
+            .collect()
+    }
+
+    /// Records a failed collection (the last snapshot stays).
+    pub fn collect_failed(&self, duration: f64) {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.collect.get_or_create(&l(&[("quantity", "success")])).set(0.0);
+        self.collect.get_or_create(&l(&[("quantity", "duration_seconds")])).set(duration);
+    }
+
+    /// Replaces every gauge with the figures of `states`.
+    pub fn update(&self, states: &[GpuState], workload: Option<&Workload>, duration: f64) {
+        let frags: Vec<_> = states.iter().map(|s| gpu_frag(s, workload)).collect();
+        let node = node_frag(&frags);
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        for f in [
+            &self.gpu_info,
+            &self.partition_mode,
+            &self.mig_mode_pending,
+            &self.instance_info,
+            &self.memory_slices,
+            &self.compute_slices,
+            &self.creatable,
+            &self.largest_slices,
+            &self.largest_info,
+            &self.stranded,
+            &self.unusable,
+            &self.gpu_frag_ratio,
+            &self.workload,
+            &self.node,
+        ] {
+            f.clear();
+        }
+        for (s, f) in states.iter().zip(&frags) {
+            let uuid = s.info.uuid.as_str();
+            let index = s.info.index.to_string();
+            self.gpu_info
+                .get_or_create(&l(&[
+                    ("uuid", uuid),
+                    ("gpu", &index),
+                    ("model", &s.info.model),
+                    ("name", &s.info.name),
+                    ("UUID", uuid),
+                ]))
+                .set(1.0);
+            let mode = if f.mig_enabled { "mig" } else { "none" };
+            self.partition_mode.get_or_create(&l(&[("uuid", uuid), ("mode", mode)])).set(1.0);
+            if !s.info.mig_capable {
+                continue;
+            }
+            let pending = s.mig_mode.current != s.mig_mode.pending;
+            self.mig_mode_pending.get_or_create(&l(&[("uuid", uuid)])).set(if pending { 1.0 } else { 0.0 });
+            if !f.mig_enabled {
+                continue;
+            }
+            for gi in &s.instances {
+                let table = &s.profiles;
+                for ci in &gi.cis {
+                    let profile = table
+                        .by_id(gi.profile_id)
+                        .map_or_else(String::new, |p| p.device_name(ci.profile_id).to_string());
+                    let Placement { start, size } = gi.placement;
+                    self.instance_info
+                        .get_or_create(&l(&[
+                            ("uuid", uuid),
+                            ("mig_uuid", &ci.uuid),
+                            ("gpu_instance_id", &gi.id.to_string()),
+                            ("compute_instance_id", &ci.id.to_string()),
+                            ("profile", &profile),
+                            ("placement_start", &start.to_string()),
+                            ("placement_size", &size.to_string()),
+                        ]))
+                        .set(1.0);
+                }
+            }
+            let used_mem = f.memory_slices - f.free_memory_slices;
+            let used_cmp = f.compute_slices - f.free_compute_slices;
+            for (fam, used, free) in [
+                (&self.memory_slices, used_mem, f.free_memory_slices),
+                (&self.compute_slices, used_cmp, f.free_compute_slices),
+            ] {
+                fam.get_or_create(&l(&[("uuid", uuid), ("state", "used")])).set(f64::from(used));
+                fam.get_or_create(&l(&[("uuid", uuid), ("state", "free")])).set(f64::from(free));
+            }
+            for p in &f.profiles {
+                let labels = l(&[("uuid", uuid), ("profile", &p.profile)]);
+                self.creatable.get_or_create(&labels).set(f64::from(p.creatable));
+                self.stranded.get_or_create(&labels).set(f64::from(p.stranded_slices));
+                self.unusable.get_or_create(&labels).set(p.unusable_ratio);
+            }
+            self.largest_slices.get_or_create(&l(&[("uuid", uuid)])).set(f64::from(f.largest_creatable_slices));
+            let largest = f.largest_creatable.as_deref().unwrap_or("none");
+            self.largest_info.get_or_create(&l(&[("uuid", uuid), ("profile", largest)])).set(1.0);
+            self.gpu_frag_ratio.get_or_create(&l(&[("uuid", uuid)])).set(f.expected_fragmentation_ratio);
+            for (p, w) in &f.workload {
+                self.workload.get_or_create(&l(&[("uuid", uuid), ("profile", p)])).set(*w);
+            }
+        }
+        for (q, v) in [
+            ("unallocated_gpus", node.unallocated_gpus),
+            ("fragmentation_gpus", node.fragmented_gpus),
+            ("fragmentation_ratio", node.fragmentation_ratio),
+            ("whole_free_gpus", node.whole_free_gpus as f64),
+            ("idle_without_mig_gpus", node.idle_without_mig_gpus as f64),
+        ] {
+            self.node.get_or_create(&l(&[("quantity", q)])).set(v);
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        self.collect.get_or_create(&l(&[("quantity", "success")])).set(1.0);
+        self.collect.get_or_create(&l(&[("quantity", "duration_seconds")])).set(duration);
+        self.collect.get_or_create(&l(&[("quantity", "timestamp_seconds")])).set(now);
+    }
+
+    fn record(&self, kind: &str, started: Instant, result: &Result<(), &BackendError>) {
+        let outcome = if result.is_ok() { "success" } else { "failure" };
+        self.reconfigurations.get_or_create(&l(&[("kind", kind), ("result", outcome)])).inc();
+        self.durations.get_or_create(&l(&[("kind", kind)])).observe(started.elapsed().as_secs_f64());
+        if let Err(BackendError::Call { function, code, .. }) = result {
+            self.nvml_errors.get_or_create(&l(&[("function", function), ("code", &code.to_string())])).inc();
+        }
+    }
+}
+
+/// A backend wrapper that counts and times every change into [`Metrics`].
+pub struct Instrumented {
+    inner: Arc<dyn GpuBackend>,
+    metrics: Arc<Metrics>,
+}
+
+impl Instrumented {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn GpuBackend>, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    fn timed<T>(&self, kind: &str, f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+        let t = Instant::now();
+        let r = f();
+        self.metrics.record(kind, t, &r.as_ref().map(|_| ()));
+        r
+    }
+}
+
+impl GpuBackend for Instrumented {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn gpu_count(&self) -> Result<u32, BackendError> {
+        self.inner.gpu_count()
+    }
+    fn observe(&self, gpu: u32) -> Result<GpuState, BackendError> {
+        self.inner.observe(gpu)
+    }
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<ModeActivation, BackendError> {
+        self.timed("mig_mode", || self.inner.set_mig_mode(gpu, enabled))
+    }
+    fn reset_gpu(&self, gpu: u32) -> Result<(), BackendError> {
+        self.timed("gpu_reset", || self.inner.reset_gpu(gpu))
+    }
+    fn create_gpu_instance(&self, gpu: u32, profile_id: u32, placement: Placement) -> Result<u32, BackendError> {
+        self.timed("gi_create", || self.inner.create_gpu_instance(gpu, profile_id, placement))
+    }
+    fn create_compute_instance(
+        &self,
+        gpu: u32,
+        gi: u32,
+        ci_profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, BackendError> {
+        self.timed("ci_create", || self.inner.create_compute_instance(gpu, gi, ci_profile_id, placement))
+    }
+    fn destroy_compute_instance(&self, gpu: u32, gi: u32, ci: u32) -> Result<(), BackendError> {
+        self.timed("ci_destroy", || self.inner.destroy_compute_instance(gpu, gi, ci))
+    }
+    fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), BackendError> {
+        self.timed("gi_destroy", || self.inner.destroy_gpu_instance(gpu, gi))
+    }
+}

@@ -1,0 +1,113 @@
+//! The agent's `/metrics`: scraped while the agent runs on both backends, linted with `promtool
+//! check metrics` (Debian's prometheus package, installed by .ci/run), values checked for known
+//! layouts, and series of destroyed instances gone after a reconfiguration.
+
+#[macro_use]
+mod support;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{example_config, Backend, Node};
+
+on_both_backends!(metrics_follow_the_layout_and_pass_promtool);
+
+fn scrape(port: u16, accept: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+fn value(text: &str, series_prefix: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(series_prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+}
+
+fn instances(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with("gpupart_mig_instance_info{"))
+        .filter_map(|l| l.split("mig_uuid=\"").nth(1).and_then(|r| r.split('"').next()).map(str::to_string))
+        .collect()
+}
+
+fn wait_for(port: u16, what: &str, f: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let t = scrape(port, "*/*");
+        if f(&t) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}:\n{t}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn promtool(text: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool is not installed (apt-get install prometheus; .ci/run does)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2,V100-SXM2-16GB:1");
+    let layout = node.dir.path().join("layout");
+    std::fs::write(&layout, "all-balanced\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (cfg, lock, addr) = (example_config(), node.dir.path().join("lock"), format!("127.0.0.1:{port}"));
+    let args = [
+        "agent",
+        "--no-kube",
+        "-f",
+        &cfg,
+        "--layout-file",
+        layout.to_str().unwrap(),
+        "--lock-file",
+        lock.to_str().unwrap(),
+        "--metrics-addr",
+        &addr,
+        "--poll-interval",
+        "100ms",
+        "--metrics-interval",
+        "1h",
+    ];
+    let mut agent = node.command(&args, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let text = wait_for(port, "8 MIG devices", |t| instances(t).len() == 8);
+    promtool(&text);
+    assert_eq!(value(&text, "gpupart_node{quantity=\"unallocated_gpus\"}"), Some(1.0), "only the V100 is free");
+    assert_eq!(value(&text, "gpupart_node{quantity=\"idle_without_mig_gpus\"}"), Some(1.0));
+    assert_eq!(value(&text, "gpupart_reconfigurations_total{kind=\"gi_create\",result=\"success\"}"), Some(8.0));
+    assert!(
+        text.contains("gpupart_gpu_partition_mode{") && text.contains("mode=\"none\"} 1"),
+        "V100 has no partitions"
+    );
+    let open = scrape(port, "application/openmetrics-text;version=1.0.0,text/plain;q=0.5");
+    assert!(open.ends_with("# EOF\n") && open.contains("# TYPE gpupart_build info"), "OpenMetrics for Prometheus");
+
+    let before = instances(&text);
+    std::fs::write(&layout, "mixed-3g-2g\n").unwrap();
+    let text = wait_for(port, "6 MIG devices", |t| instances(t).len() == 6);
+    promtool(&text);
+    let after = instances(&text);
+    assert_eq!(before.iter().filter(|u| after.contains(u)).count(), 4, "kept devices keep their series");
+    assert!(
+        before.iter().filter(|u| !after.contains(u)).all(|u| !text.contains(u.as_str())),
+        "destroyed devices' series are gone"
+    );
+    assert_eq!(value(&text, "gpupart_reconfigurations_total{kind=\"gi_destroy\",result=\"success\"}"), Some(4.0));
+    assert!(value(&text, "gpupart_reconfiguration_duration_seconds_count{kind=\"gi_create\"}").unwrap() >= 10.0);
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
