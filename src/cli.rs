@@ -169,6 +169,12 @@ pub struct AgentArgs {
     /// Write the agent's state as JSON here (bare-metal mode).
     #[arg(long, value_name = "FILE")]
     pub status_file: Option<PathBuf>,
+    /// Prefix of the node summary labels and annotations (Kubernetes mode).
+    #[arg(long, default_value = "gpupart.io/")]
+    pub annotation_prefix: String,
+    /// Shortest time between two node-summary writes.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub annotation_min_interval: std::time::Duration,
     /// How often the metrics snapshot is refreshed besides after every change.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub metrics_interval: std::time::Duration,

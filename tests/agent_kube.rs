@@ -23,7 +23,8 @@ fn absent_label_changes_nothing_and_foreign_layouts_fail(b: Backend) {
     let _agent = start(&node, &api, &["--resync-interval", "200ms"]);
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(api.get_label(STATE), None, "no label: no state written");
-    assert_eq!(api.writes(), 0);
+    assert!(api.state().events.is_empty(), "no label: no events");
+    assert!(api.writes() <= 1, "at most the one node-summary write");
     assert_eq!(node.load(), before);
     // A layout whose entries select none of this node's GPUs (A100 device filters on an A30 node).
     api.label(LAYOUT, Some("all-balanced"));
@@ -131,10 +132,26 @@ fn label_changes_reconfigure_and_report(b: Backend) {
     let api = ApiServer::start(NODE);
     // The label is set before the agent starts: it must reconcile at start.
     api.label(LAYOUT, Some("all-balanced"));
-    let _agent = start(&node, &api, &["--resync-interval", "1h"]);
+    let _agent = start(&node, &api, &["--resync-interval", "1h", "--annotation-min-interval", "100ms"]);
     wait_state(&api, "success", "all-balanced");
     let cfg = example_config();
     node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
+    // The node summary: per-GPU layout, creatable counts, fragmentation, and a selectable label.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let gpus = loop {
+        let v = api.state().annotations.get("gpupart.io/gpus").cloned().unwrap_or_default();
+        if v.contains("3g.40gb@4") {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "no node summary: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let parsed: serde_json::Value = serde_json::from_str(&gpus).unwrap();
+    assert_eq!(parsed[0]["layout"], serde_json::json!(["2g.20gb@0", "1g.10gb@2", "1g.10gb@3", "3g.40gb@4"]), "{gpus}");
+    assert_eq!(parsed[0]["largest"], "none");
+    let frag: serde_json::Value = serde_json::from_str(&api.state().annotations["gpupart.io/fragmentation"]).unwrap();
+    assert_eq!(frag["unallocGpus"], 0.0);
+    assert_eq!(api.get_label("gpupart.io/free-full-gpus").as_deref(), Some("false"));
     wait_event(&api, "ReconfigureStarted", "all-balanced");
     wait_event(&api, "Reconfigured", "created 8 GPU instances");
     assert_eq!(api.get_label(LAYOUT).as_deref(), Some("all-balanced"), "the layout label is only read");

@@ -85,6 +85,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         if let Some(p) = &a.status_file {
             reporters.push(Box::new(StatusFile { path: p.clone() }));
         }
+        let mut summaries: Option<KubeReporter> = None;
         let mode = match file_source {
             Some(src) => Mode::File(src),
             None => {
@@ -101,7 +102,15 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                     }
                 });
                 let instance = std::env::var("POD_NAME").unwrap_or_else(|_| node.clone());
-                reporters.push(Box::new(KubeReporter::spawn(client.clone(), node.clone(), instance)));
+                let kube_reporter = KubeReporter::spawn(
+                    client.clone(),
+                    node.clone(),
+                    instance,
+                    a.annotation_prefix.clone(),
+                    a.annotation_min_interval,
+                );
+                reporters.push(Box::new(kube_reporter.clone()));
+                summaries = Some(kube_reporter);
                 // Labels paused by an earlier run of this agent are restored before anything else.
                 crate::kube::pause::restore(&client, &node).await;
                 let clients = a.pause_gpu_clients.then(|| {
@@ -116,7 +125,8 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
-        async_main(a.clone(), mode, backend, metrics, Arc::new(Fanout(reporters)), tx, rx).await
+        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries };
+        async_main(a.clone(), mode, backend, outputs, tx, rx).await
     })
 }
 
@@ -149,15 +159,22 @@ async fn clear_force(mode: &Mode) {
     }
 }
 
+/// Where the agent publishes: metrics, state reporters, and (in Kubernetes) the node summary.
+struct Outputs {
+    metrics: Arc<crate::metrics::Metrics>,
+    reporter: Arc<dyn Reporter>,
+    summaries: Option<KubeReporter>,
+}
+
 async fn async_main(
     a: AgentArgs,
     mode: Mode,
     backend: Arc<dyn GpuBackend>,
-    metrics: Arc<crate::metrics::Metrics>,
-    reporter: Arc<dyn Reporter>,
+    outputs: Outputs,
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
+    let Outputs { metrics, reporter, summaries } = outputs;
     let health = Arc::new(Health::default());
     health.beat();
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
@@ -170,7 +187,14 @@ async fn async_main(
         metrics: metrics.clone(),
     };
     let collect_now = Arc::new(tokio::sync::Notify::new());
-    spawn_collector(backend.clone(), metrics, collect_now.clone(), a.config_file.clone(), a.metrics_interval);
+    spawn_collector(
+        backend.clone(),
+        metrics,
+        summaries,
+        collect_now.clone(),
+        a.config_file.clone(),
+        a.metrics_interval,
+    );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(http_state)).await {
             tracing::error!(error = %e, "HTTP server stopped");
@@ -256,13 +280,14 @@ async fn async_main(
 fn spawn_collector(
     backend: Arc<dyn GpuBackend>,
     metrics: Arc<crate::metrics::Metrics>,
+    summaries: Option<KubeReporter>,
     now: Arc<tokio::sync::Notify>,
     config: std::path::PathBuf,
     every: Duration,
 ) {
     tokio::spawn(async move {
         loop {
-            let (b, m, c) = (backend.clone(), metrics.clone(), config.clone());
+            let (b, m, c, sink) = (backend.clone(), metrics.clone(), config.clone(), summaries.clone());
             let _ = tokio::task::spawn_blocking(move || {
                 let t = std::time::Instant::now();
                 let workload = std::fs::read_to_string(&c)
@@ -270,7 +295,16 @@ fn spawn_collector(
                     .and_then(|text| crate::config::parse(&text).ok())
                     .map(|f| crate::frag::Workload { weights: f.workload });
                 match b.observe_all() {
-                    Ok(states) => m.update(&states, workload.as_ref(), t.elapsed().as_secs_f64()),
+                    Ok(states) => {
+                        m.update(&states, workload.as_ref(), t.elapsed().as_secs_f64());
+                        if let Some(sink) = sink {
+                            let frags: Vec<_> =
+                                states.iter().map(|s| crate::frag::gpu_frag(s, workload.as_ref())).collect();
+                            let node = crate::frag::node_frag(&frags);
+                            let configured = workload.as_ref().is_some_and(|w| !w.weights.is_empty());
+                            sink.publish_summary(crate::kube::summary::summarize(&states, &frags, &node, configured));
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "metrics collection failed");
                         m.collect_failed(t.elapsed().as_secs_f64());

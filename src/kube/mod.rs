@@ -5,6 +5,7 @@ pub mod keys;
 pub mod node;
 pub mod pause;
 pub mod publish;
+pub mod summary;
 
 pub use node::{NodeView, NodeWatch};
 pub use publish::KubeReporter;

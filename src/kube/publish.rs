@@ -4,6 +4,7 @@
 //! Unchanged states cause no API writes. Failed writes are retried with backoff, newest state first.
 
 use super::keys::{FIELD_MANAGER, STATE_LABEL, STATE_LAYOUT, STATE_REASON};
+use super::summary::Summary;
 use crate::agent::report::Reporter;
 use crate::agent::status::{AgentStatus, Phase};
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -15,9 +16,17 @@ use serde_json::json;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// The [`Reporter`] for Kubernetes: hands statuses to a background publisher task.
+/// What the publisher task is told.
+enum Update {
+    Status(AgentStatus),
+    Summary(Summary),
+}
+
+/// The [`Reporter`] for Kubernetes: hands statuses (and node summaries) to a background publisher
+/// task, which applies everything the agent owns in one server-side apply.
+#[derive(Clone)]
 pub struct KubeReporter {
-    tx: mpsc::UnboundedSender<AgentStatus>,
+    tx: mpsc::UnboundedSender<Update>,
 }
 
 /// What identifies a published state: only a change of these writes anything.
@@ -37,9 +46,10 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 impl KubeReporter {
-    /// Starts the publisher for `node`.
-    pub fn spawn(client: Client, node: String, instance: String) -> Self {
-        let (tx, mut rx) = mpsc::unbounded_channel::<AgentStatus>();
+    /// Starts the publisher for `node`; summary keys get `prefix` (e.g. `gpupart.io/`) and are
+    /// rewritten at most once per `min_interval`.
+    pub fn spawn(client: Client, node: String, instance: String, prefix: String, min_interval: Duration) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Update>();
         tokio::spawn(async move {
             let api: Api<Node> = Api::all(client.clone());
             let recorder = Events { api: Api::namespaced(client, "default"), instance, node: node.clone() };
@@ -50,9 +60,38 @@ impl KubeReporter {
                 ..Default::default()
             };
             let mut last: Option<(Phase, Option<String>, String)> = None;
-            // In order, so every transition (pending → success/failed) is visible.
-            while let Some(status) = rx.recv().await {
-                publish(&api, &recorder, &reference, &node, &status, &mut last).await;
+            let mut owned = Owned::default();
+            let mut last_summary_write: Option<tokio::time::Instant> = None;
+            let mut deferred: Option<Summary> = None;
+            loop {
+                let wait = match (&deferred, last_summary_write) {
+                    (Some(_), Some(t)) => (t + min_interval).saturating_duration_since(tokio::time::Instant::now()),
+                    _ => Duration::from_secs(3600),
+                };
+                let update = tokio::select! {
+                    u = rx.recv() => match u { Some(u) => Some(u), None => return },
+                    _ = tokio::time::sleep(wait), if deferred.is_some() => None,
+                };
+                match update {
+                    // In order, so every transition (pending → success/failed) is visible.
+                    Some(Update::Status(status))
+                        if status.state != Phase::Idle && last.as_ref() != Some(&key(&status)) =>
+                    {
+                        owned.state = Some(status.clone());
+                        apply(&api, &node, &owned, &prefix).await;
+                        event(&recorder, &reference, &status).await;
+                        last = Some(key(&status));
+                    }
+                    Some(Update::Summary(s)) => deferred = Some(s),
+                    Some(Update::Status(_)) | None => {}
+                }
+                let due = last_summary_write.is_none_or(|t| t.elapsed() >= min_interval);
+                let next = if due { deferred.take() } else { None };
+                if let Some(s) = next.filter(|s| owned.summary.as_ref() != Some(s)) {
+                    owned.summary = Some(s);
+                    apply(&api, &node, &owned, &prefix).await;
+                    last_summary_write = Some(tokio::time::Instant::now());
+                }
             }
         });
         Self { tx }
@@ -95,33 +134,39 @@ impl Events {
     }
 }
 
-async fn publish(
-    api: &Api<Node>,
-    recorder: &Events,
-    reference: &ObjectReference,
-    node: &str,
-    status: &AgentStatus,
-    last: &mut Option<(Phase, Option<String>, String)>,
-) {
-    if status.state == Phase::Idle || last.as_ref() == Some(&key(status)) {
-        return;
+/// Everything the agent owns on the Node; every apply sends all of it (keys left out would be
+/// removed by server-side apply).
+#[derive(Default)]
+struct Owned {
+    state: Option<AgentStatus>,
+    summary: Option<Summary>,
+}
+
+async fn apply(api: &Api<Node>, node: &str, owned: &Owned, prefix: &str) {
+    let mut labels = serde_json::Map::new();
+    let mut annotations = serde_json::Map::new();
+    if let Some(status) = &owned.state {
+        labels.insert(STATE_LABEL.into(), json!(status.state.as_str()));
+        annotations.insert(STATE_REASON.into(), json!(truncate(&status.reason, 4000)));
+        annotations.insert(STATE_LAYOUT.into(), json!(status.layout.clone().unwrap_or_default()));
+    }
+    if let Some(s) = &owned.summary {
+        for (k, v) in &s.labels {
+            labels.insert(format!("{prefix}{k}"), json!(v));
+        }
+        for (k, v) in &s.annotations {
+            annotations.insert(format!("{prefix}{k}"), json!(v));
+        }
     }
     let patch = json!({
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {
-            "name": node,
-            "labels": { STATE_LABEL: status.state.as_str() },
-            "annotations": {
-                STATE_REASON: truncate(&status.reason, 4000),
-                STATE_LAYOUT: status.layout.clone().unwrap_or_default(),
-            },
-        },
+        "metadata": { "name": node, "labels": labels, "annotations": annotations },
     });
     let mut delay = Duration::from_millis(200);
     loop {
         match api.patch_metadata(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
-            Ok(_) => break,
+            Ok(_) => return,
             Err(e) => {
                 tracing::warn!(error = %e, retry_ms = delay.as_millis() as u64, "publishing the node state failed");
                 tokio::time::sleep(delay).await;
@@ -129,6 +174,9 @@ async fn publish(
             }
         }
     }
+}
+
+async fn event(recorder: &Events, reference: &ObjectReference, status: &AgentStatus) {
     let layout = status.layout.as_deref().unwrap_or("-");
     let (type_, reason) = match status.state {
         Phase::Pending => ("Normal", "ReconfigureStarted"),
@@ -147,11 +195,17 @@ async fn publish(
     if let Err(e) = recorder.publish(type_, reason, truncate(&note, 1000), reference).await {
         tracing::warn!(error = %e, "recording the event failed");
     }
-    *last = Some(key(status));
+}
+
+impl KubeReporter {
+    /// Publishes a node summary (applied only when it differs from the last one, rate-limited).
+    pub fn publish_summary(&self, summary: Summary) {
+        let _ = self.tx.send(Update::Summary(summary));
+    }
 }
 
 impl Reporter for KubeReporter {
     fn publish(&self, status: &AgentStatus) {
-        let _ = self.tx.send(status.clone());
+        let _ = self.tx.send(Update::Status(status.clone()));
     }
 }

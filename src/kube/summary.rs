@@ -1,0 +1,62 @@
+//! The node summary the agent publishes for schedulers and people: compact JSON annotations with
+//! each GPU's layout (`profile@start`, `*` when busy), creatable counts and fragmentation, the node
+//! figures, and a selectable boolean label. Contains no timestamps, so it only changes when the
+//! GPUs do (zero writes at steady state).
+
+use crate::frag::{GpuFrag, NodeFrag};
+use crate::observed::GpuState;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+/// Labels and annotations (keys without the prefix) describing the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Label name → value.
+    pub labels: BTreeMap<String, String>,
+    /// Annotation name → value.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Builds the summary of the observed GPUs.
+pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, configured_workload: bool) -> Summary {
+    let gpus: Vec<serde_json::Value> = states
+        .iter()
+        .zip(frags)
+        .map(|(s, f)| {
+            let mut gis: Vec<_> = s.instances.iter().collect();
+            gis.sort_by_key(|g| g.placement.start);
+            let layout: Vec<String> = gis
+                .iter()
+                .map(|g| format!("{}@{}{}", s.gi_name(g), g.placement.start, if g.busy() { "*" } else { "" }))
+                .collect();
+            let creatable: BTreeMap<&str, u32> =
+                f.profiles.iter().filter(|p| p.creatable > 0).map(|p| (p.profile.as_str(), p.creatable)).collect();
+            let mode = if f.mig_enabled { "mig" } else { "none" };
+            let mut g = json!({"i": s.info.index, "uuid": s.info.uuid, "model": s.info.model, "mode": mode});
+            if f.mig_enabled {
+                g["layout"] = json!(layout);
+                g["creatable"] = json!(creatable);
+                g["largest"] = json!(f.largest_creatable.as_deref().unwrap_or("none"));
+                g["frag"] = json!((f.expected_fragmentation_ratio * 1000.0).round() / 1000.0);
+            } else {
+                g["busy"] = json!(!f.idle_without_mig);
+            }
+            g
+        })
+        .collect();
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let fragmentation = json!({
+        "ratio": round(node.fragmentation_ratio),
+        "fragGpus": round(node.fragmented_gpus),
+        "unallocGpus": round(node.unallocated_gpus),
+        "wholeFreeGpus": node.whole_free_gpus,
+        "workload": if configured_workload { "config" } else { "uniform-base-profiles" },
+    });
+    Summary {
+        labels: BTreeMap::from([("free-full-gpus".to_string(), (node.whole_free_gpus > 0).to_string())]),
+        annotations: BTreeMap::from([
+            ("gpus".to_string(), serde_json::to_string(&gpus).unwrap_or_default()),
+            ("fragmentation".to_string(), fragmentation.to_string()),
+        ]),
+    }
+}
