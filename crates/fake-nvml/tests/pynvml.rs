@@ -20,7 +20,7 @@ fn fake_library() -> PathBuf {
 fn nvidia_ml_py_sees_the_catalog() {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let has_pynvml = Command::new(&python).args(["-c", "import pynvml"]).status().map(|s| s.success()).unwrap_or(false);
-    assert!(has_pynvml, "nvidia-ml-py is not installed for {python} (pip install nvidia-ml-py; .ci/run does)");
+    assert!(has_pynvml, "nvidia-ml-py is not installed for {python} (pip install nvidia-ml-py; scripts/test does)");
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(fake_library(), dir.path().join("libnvidia-ml.so.1")).unwrap();
     let spec = "A100-SXM4-80GB:1,H100-SXM5-80GB:1,A30-24GB:1,V100-SXM2-16GB:1";
