@@ -46,17 +46,23 @@ fn build_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-/// The fake NVML library and stand-in nvidia-smi, built by `cargo test --workspace`.
+/// The fake NVML library and stand-in nvidia-smi, built by `cargo test --workspace` (which leaves
+/// the cdylib in `deps/`) or `cargo build -p fake-nvml`; the newer library wins.
 pub fn fake_nvml() -> (PathBuf, PathBuf) {
     let dir = build_dir();
-    let (lib, smi) = (dir.join("libfake_nvml.so"), dir.join("fake-nvidia-smi"));
-    assert!(
-        lib.exists() && smi.exists(),
-        "{} / {} missing: run the tests with `cargo test --workspace` (or `cargo build -p fake-nvml` first)",
-        lib.display(),
-        smi.display()
-    );
-    (lib, smi)
+    let lib = [dir.join("libfake_nvml.so"), dir.join("deps/libfake_nvml.so")]
+        .into_iter()
+        .filter_map(|p| std::fs::metadata(&p).and_then(|m| m.modified()).ok().map(|t| (t, p)))
+        .max()
+        .map(|(_, p)| p);
+    let smi = dir.join("fake-nvidia-smi");
+    match lib {
+        Some(lib) if smi.exists() => (lib, smi),
+        _ => panic!(
+            "libfake_nvml.so / fake-nvidia-smi missing under {}: run the tests with `cargo test --workspace`",
+            dir.display()
+        ),
+    }
 }
 
 /// Captured result of one binary run.
