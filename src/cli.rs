@@ -221,6 +221,9 @@ pub struct ApplyArgs {
     /// Never reset a GPU; a pending mode is reported as "reset required".
     #[arg(short = 's', long, env = "MIG_PARTED_SKIP_RESET")]
     pub skip_reset: bool,
+    /// mig-parted hooks file (apply-start, pre-apply-mode, pre-apply-config, apply-exit).
+    #[arg(short = 'k', long = "hooks-file", value_name = "FILE", env = "MIG_PARTED_HOOKS_FILE")]
+    pub hooks_file: Option<PathBuf>,
 }
 
 /// `assert` options.

@@ -26,6 +26,9 @@ pub enum PassError {
     /// The config cannot be applied; nothing was changed.
     #[error("nothing was changed: {0}")]
     Prepare(#[from] PrepareError),
+    /// A hook run before the changes failed; nothing was changed.
+    #[error("nothing was changed: {0}")]
+    Hook(String),
 }
 
 /// The jobs planned and what became of each.
@@ -54,8 +57,20 @@ impl Pass {
 
 /// Observes, plans and executes `config` on every GPU of `backend`.
 pub fn run(backend: &dyn GpuBackend, config: &MigConfig, opts: Options) -> Result<Pass, PassError> {
+    run_with(backend, config, opts, &mut |_| Ok(()))
+}
+
+/// Like [`run`], calling `before_execute` with the planned jobs just before anything changes (the
+/// place for mig-parted's `pre-apply-mode` / `pre-apply-config` hooks); its error aborts the pass.
+pub fn run_with(
+    backend: &dyn GpuBackend,
+    config: &MigConfig,
+    opts: Options,
+    before_execute: &mut dyn FnMut(&[Job]) -> Result<(), String>,
+) -> Result<Pass, PassError> {
     let states = backend.observe_all()?;
     let jobs = prepare(states, config, opts.force, opts.mode_only)?;
+    before_execute(&jobs).map_err(PassError::Hook)?;
     let reports = execute(backend, &jobs, opts.exec);
     Ok(Pass { jobs, reports })
 }

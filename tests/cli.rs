@@ -323,3 +323,59 @@ fn frag_reports_the_reference_example_and_honours_the_workload_block() {
     let status = node.status();
     assert_eq!(status["gpus"][0]["fragmentation"]["largest_creatable"], "2g.20gb");
 }
+
+#[test]
+fn mig_parted_hooks_run_in_order_with_their_environment() {
+    let node = Node::new("A100-SXM4-80GB:1");
+    let cfg = example_config();
+    let trace = node.dir.path().join("trace");
+    let hook = |name: &str| {
+        format!("  {name}:\n  - command: /bin/sh\n    args: [\"-c\", \"echo {name} $MIG_PARTED_SELECTED_CONFIG $HOME >> {}\"]\n", trace.display())
+    };
+    let hooks = format!(
+        "version: v1\nhooks:\n{}{}{}{}",
+        hook("apply-start"),
+        hook("pre-apply-mode"),
+        hook("pre-apply-config"),
+        hook("apply-exit")
+    );
+    let hooks = node.config("hooks.yaml", &hooks);
+    node.run(&["apply", "-f", &cfg, "-c", "all-balanced", "-k", &hooks]).ok();
+    let lines = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(
+        lines,
+        "apply-start all-balanced\npre-apply-mode all-balanced\npre-apply-config all-balanced\napply-exit all-balanced\n",
+        "hooks in order, MIG_PARTED_* set, the caller's HOME not inherited"
+    );
+    std::fs::remove_file(&trace).unwrap();
+    node.run(&["apply", "-f", &cfg, "-c", "all-balanced", "-k", &hooks]).ok();
+    assert_eq!(
+        std::fs::read_to_string(&trace).unwrap(),
+        "apply-start all-balanced\napply-exit all-balanced\n",
+        "nothing to change"
+    );
+
+    // A failing pre-apply-config hook stops the apply before any change; apply-exit still runs.
+    std::fs::remove_file(&trace).unwrap();
+    let failing = node.config(
+        "fail.yaml",
+        &format!("version: v1\nhooks:\n  pre-apply-config:\n  - command: /bin/false\n{}", hook("apply-exit")),
+    );
+    let before = node.load();
+    let r = node.run(&["apply", "-f", &cfg, "-c", "mixed-3g-2g", "-k", &failing]).failed();
+    assert!(r.all().contains("hook pre-apply-config[0] (/bin/false) failed"), "{}", r.all());
+    assert_eq!(node.load(), before);
+    assert_eq!(std::fs::read_to_string(&trace).unwrap(), "apply-exit mixed-3g-2g\n");
+    let r = node
+        .run(&[
+            "apply",
+            "-f",
+            &cfg,
+            "-c",
+            "all-balanced",
+            "-k",
+            &node.config("bad.yaml", "version: v1\nhooks:\n  after: []\n"),
+        ])
+        .failed();
+    assert!(r.all().contains("unknown hook 'after'"), "{}", r.all());
+}

@@ -6,6 +6,7 @@ use crate::cli::{ApplyArgs, GlobalArgs};
 use crate::exec::{ExecOptions, GpuReport, Outcome};
 use crate::prepare::{Job, Target};
 use crate::reconfigure::{self, Options, PassError};
+use anyhow::Context;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
@@ -13,13 +14,64 @@ use std::process::ExitCode;
 pub fn run(g: &GlobalArgs, a: &ApplyArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config.config_file)?;
     let config = file.choose(a.config.selected_config.as_deref())?;
+    let hooks = match &a.hooks_file {
+        Some(p) if !a.dry_run => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading hooks file {}", p.display()))?;
+            Some(crate::hooks::parse(&text).with_context(|| format!("invalid hooks file {}", p.display()))?)
+        }
+        _ => None,
+    };
+    let settings = hook_settings(a, &config.name, g.debug);
+    if let Some(h) = &hooks {
+        h.run("apply-start", &settings, g.debug)?;
+    }
+    let result = apply_with_hooks(g, a, config, hooks.as_ref(), &settings);
+    if let Some(h) = &hooks {
+        if let Err(e) = h.run("apply-exit", &settings, g.debug) {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    result
+}
+
+/// The `MIG_PARTED_*` environment hooks see (mig-parted passes every flag that has an env source).
+fn hook_settings(a: &ApplyArgs, config: &str, debug: bool) -> Vec<(String, String)> {
+    let path = |p: &std::path::Path| p.display().to_string();
+    vec![
+        ("MIG_PARTED_CONFIG_FILE".into(), path(&a.config.config_file)),
+        ("MIG_PARTED_SELECTED_CONFIG".into(), config.to_string()),
+        ("MIG_PARTED_HOOKS_FILE".into(), a.hooks_file.as_deref().map(path).unwrap_or_default()),
+        ("MIG_PARTED_SKIP_RESET".into(), a.skip_reset.to_string()),
+        ("MIG_PARTED_MODE_CHANGE_ONLY".into(), a.mode_only.to_string()),
+        ("MIG_PARTED_DEBUG".into(), debug.to_string()),
+    ]
+}
+
+fn apply_with_hooks(
+    g: &GlobalArgs,
+    a: &ApplyArgs,
+    config: &crate::config::MigConfig,
+    hooks: Option<&crate::hooks::Hooks>,
+    settings: &[(String, String)],
+) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
     let opts = Options {
         force: a.force,
         mode_only: a.mode_only,
         exec: ExecOptions { dry_run: a.dry_run, parallel: a.parallel as usize, skip_reset: a.skip_reset },
     };
-    let pass = match reconfigure::run(backend.as_ref(), config, opts) {
+    let mut before = |jobs: &[Job]| -> Result<(), String> {
+        let Some(h) = hooks else { return Ok(()) };
+        if jobs.iter().any(|j| j.mode_change.is_some()) {
+            h.run("pre-apply-mode", settings, g.debug).map_err(|e| e.to_string())?;
+        }
+        if jobs.iter().any(|j| j.plan.as_ref().is_some_and(|p| !p.is_noop())) {
+            h.run("pre-apply-config", settings, g.debug).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    let pass = match reconfigure::run_with(backend.as_ref(), config, opts, &mut before) {
         Ok(p) => p,
         Err(PassError::Prepare(e)) => {
             eprintln!("error: nothing was changed; config '{}' cannot be applied:", config.name);
