@@ -47,6 +47,11 @@ impl Drop for Agent {
 }
 
 fn start(node: &Node, api: &ApiServer, extra: &[&str]) -> Agent {
+    start_with(node, api, extra, &[])
+}
+
+/// Starts the agent against `api` with `extra` arguments and environment.
+fn start_with(node: &Node, api: &ApiServer, extra: &[&str], env: &[(&str, &str)]) -> Agent {
     let kubeconfig = api.kubeconfig(node.dir.path());
     let lock = node.dir.path().join("agent.lock");
     let guard = node.dir.path().join("guard");
@@ -71,12 +76,9 @@ fn start(node: &Node, api: &ApiServer, extra: &[&str]) -> Agent {
         "200ms",
     ];
     args.extend_from_slice(extra);
-    let child = node
-        .command(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut env = env.to_vec();
+    env.push(("KUBECONFIG", kubeconfig.to_str().unwrap()));
+    let child = node.command(&args, &env).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     Agent(child)
 }
 
@@ -335,45 +337,14 @@ fn pauses_gpu_clients_and_always_restores_them() {
 
     // Success: paused during the change, restored after; `false` labels are left alone.
     let fail = node.fail_env("nvmlDeviceCreateGpuInstanceWithPlacement:1:NVML_ERROR_UNKNOWN");
-    let kubeconfig = api.kubeconfig(node.dir.path());
-    let lock = node.dir.path().join("agent.lock");
     let cfg = example_config();
-    let agent_args = |timeout: &'static str| -> Vec<String> {
-        [
-            "agent",
-            "-f",
-            &cfg,
-            "--node-name",
-            NODE,
-            "--lock-file",
-            lock.to_str().unwrap(),
-            "--reboot-guard",
-            node.dir.path().join("g").to_str().unwrap(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--retry-min",
-            "100ms",
-            "--retry-max",
-            "300ms",
-            "--resync-interval",
-            "1h",
-            "--pause-gpu-clients",
-            "--pause-timeout",
-            timeout,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
-    let spawn = |args: &[String], env: &[(&str, &str)]| {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut env = env.to_vec();
-        env.push(("KUBECONFIG", kubeconfig.to_str().unwrap()));
-        Agent(node.command(&args, &env).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap())
+    let spawn = |timeout: &str, env: &[(&str, &str)]| {
+        let extra = ["--resync-interval", "1h", "--pause-gpu-clients", "--pause-timeout", timeout];
+        start_with(&node, &api, &extra, env)
     };
     {
         // The first attempt fails after pausing (injected NVML error), the retry succeeds.
-        let _agent = spawn(&agent_args("10s"), &[(fail[0].0, fail[0].1.as_str())]);
+        let _agent = spawn("10s", &[(fail[0].0, fail[0].1.as_str())]);
         api.label(LAYOUT, Some("all-balanced"));
         wait_event(&api, "ReconfigureFailed", "NVML_ERROR_UNKNOWN");
         wait_state(&api, "success", "all-balanced");
@@ -382,7 +353,7 @@ fn pauses_gpu_clients_and_always_restores_them() {
     // Timeout: a client that never stops fails the change, with the labels restored.
     api.state().pods.push(pod("stuck-monitor", DCGM));
     {
-        let _agent = spawn(&agent_args("1s"), &[]);
+        let _agent = spawn("1s", &[]);
         api.label(LAYOUT, Some("mixed-3g-2g"));
         wait_state(&api, "failed", "mixed-3g-2g");
         assert!(reason(&api).contains("waiting for gpu-operator/stuck-monitor to stop"), "{}", reason(&api));
@@ -394,14 +365,14 @@ fn pauses_gpu_clients_and_always_restores_them() {
     // restores them first.
     api.state().pods.push(pod("stuck-monitor", DCGM));
     {
-        let agent = spawn(&agent_args("1h"), &[]);
+        let agent = spawn("1h", &[]);
         api.label(LAYOUT, Some("all-1g.10gb"));
         wait_until("clients are paused", || deploy_labels(&api).3);
         drop(agent); // SIGKILL while waiting
         assert!(deploy_labels(&api).3, "still paused after the kill");
     }
     api.state().pods.retain(|p| p["metadata"]["name"] != "stuck-monitor");
-    let _agent = spawn(&agent_args("10s"), &[]);
+    let _agent = spawn("10s", &[]);
     wait_until("a restarted agent restores the paused labels", || {
         restored(&api) || api.get_label(STATE).as_deref() == Some("pending")
     });
