@@ -139,48 +139,33 @@ impl Metrics {
     pub fn render_text(&self) -> String {
         let open = self.render();
         let mut out = String::with_capacity(open.len());
+        // OpenMetrics puts HELP before TYPE; hold the HELP text until the TYPE gives the name.
+        let mut help: Option<&str> = None;
         for line in open.lines() {
             if line == "# EOF" || line.starts_with("# UNIT ") {
                 continue;
             }
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                help = Some(rest.split_once(' ').map_or("", |(_, h)| h));
+                continue;
+            }
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
-                let (new, kind) = match kind {
+                let (name, kind) = match kind {
                     "info" => (format!("{name}_info"), "gauge"),
                     "counter" => (format!("{name}_total"), "counter"),
                     other => (name.to_string(), other),
                 };
-                out.push_str(&format!("# TYPE {new} {kind}\n"));
-                continue;
-            }
-            if let Some(rest) = line.strip_prefix("# HELP ") {
-                // HELP precedes TYPE: rename it from the TYPE line that follows (buffered below).
-                out.push_str(&format!("#HELP-PENDING {rest}\n"));
+                if let Some(h) = help.take() {
+                    out.push_str(&format!("# HELP {name} {h}\n"));
+                }
+                out.push_str(&format!("# TYPE {name} {kind}\n"));
                 continue;
             }
             out.push_str(line);
             out.push('\n');
         }
-        // Resolve the HELP names now that every TYPE rename is known.
-        let types: Vec<(String, String)> = out
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .filter_map(|r| r.split_once(' ').map(|(n, _)| n.to_string()))
-            .map(|n| {
-                let base = n.strip_suffix("_total").or_else(|| n.strip_suffix("_info")).unwrap_or(&n).to_string();
-                (base, n)
-            })
-            .collect();
-        out.lines()
-            .map(|l| match l.strip_prefix("#HELP-PENDING ") {
-                Some(rest) => {
-                    let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-                    let new = types.iter().find(|(b, _)| b == name).map_or(name, |(_, n)| n.as_str());
-                    format!("# HELP {new} {help}\n")
-                }
-                None => format!("{l}\n"),
-            })
-            .collect()
+        out
     }
 
     /// Records a failed collection (the last snapshot stays).

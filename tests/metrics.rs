@@ -8,7 +8,8 @@ mod support;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{example_config, Backend, Node};
+use support::baremetal::start;
+use support::{Backend, Node};
 
 on_both_backends!(metrics_follow_the_layout_and_pass_promtool);
 
@@ -65,25 +66,8 @@ fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
     let node = Node::with(b, "A100-SXM4-80GB:2,V100-SXM2-16GB:1");
     let layout = node.dir.path().join("layout");
     std::fs::write(&layout, "all-balanced\n").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let (cfg, lock, addr) = (example_config(), node.dir.path().join("lock"), format!("127.0.0.1:{port}"));
-    let args = [
-        "agent",
-        "--no-kube",
-        "-f",
-        &cfg,
-        "--layout-file",
-        layout.to_str().unwrap(),
-        "--lock-file",
-        lock.to_str().unwrap(),
-        "--metrics-addr",
-        &addr,
-        "--poll-interval",
-        "100ms",
-        "--metrics-interval",
-        "1h",
-    ];
-    let mut agent = node.command(&args, &[]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let agent = start(&node, &layout, &["--poll-interval", "100ms", "--metrics-interval", "1h"]);
+    let port = agent.port;
     let text = wait_for(port, "8 MIG devices", |t| instances(t).len() == 8);
     promtool(&text);
     assert_eq!(value(&text, "gpupart_node{quantity=\"unallocated_gpus\"}"), Some(1.0), "only the V100 is free");
@@ -111,6 +95,4 @@ fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
         value(&text, "gpupart_reconfiguration_duration_seconds_count{kind=\"gi_create\",result=\"success\"}").unwrap()
             >= 10.0
     );
-    let _ = agent.kill();
-    let _ = agent.wait();
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code, unused_macros)]
 
 pub mod apiserver;
+pub mod baremetal;
 
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
 macro_rules! on_both_backends {
