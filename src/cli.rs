@@ -31,6 +31,15 @@ pub struct GlobalArgs {
     /// nvidia-smi used for per-GPU resets on hardware.
     #[arg(long, global = true, value_name = "PATH")]
     pub nvidia_smi: Option<PathBuf>,
+    /// MPS control program (`nvidia-cuda-mps-control` on PATH by default).
+    #[arg(long, global = true, value_name = "PATH", default_value = "nvidia-cuda-mps-control")]
+    pub mps_control: PathBuf,
+    /// Directory of the per-GPU MPS daemons: `<root>/<gpu-uuid>/{pipe,log,shm}`.
+    #[arg(long, global = true, value_name = "DIR", default_value = crate::mps::node::DEFAULT_ROOT)]
+    pub mps_root: PathBuf,
+    /// Longest wait for one MPS control command, a daemon's start or its quit.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub mps_timeout: std::time::Duration,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,

@@ -355,7 +355,7 @@ impl Run<'_> {
         let fail = |detail: String| Err(ExecError::Verify { gpu: self.gpu, detail });
         let (want_mode, want_devices) = match &job.target {
             Target::Leave { .. } => return Ok(()),
-            Target::MigDisabled => (false, DesiredDevices::default()),
+            Target::MigDisabled { .. } => (false, DesiredDevices::default()),
             Target::MigEnabled { devices } => (true, devices.clone()),
         };
         if state.info.mig_capable && state.mig_mode.current != want_mode {

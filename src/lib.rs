@@ -19,6 +19,7 @@ pub mod kube;
 pub mod layout;
 pub mod logging;
 pub mod metrics;
+pub mod mps;
 pub mod observed;
 pub mod plan;
 pub mod prepare;

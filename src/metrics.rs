@@ -344,4 +344,7 @@ impl GpuBackend for Instrumented {
     fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), BackendError> {
         self.timed("gi_destroy", || self.inner.destroy_gpu_instance(gpu, gi))
     }
+    fn set_compute_mode(&self, gpu: u32, mode: crate::observed::ComputeMode) -> Result<(), BackendError> {
+        self.timed("compute_mode", || self.inner.set_compute_mode(gpu, mode))
+    }
 }

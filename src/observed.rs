@@ -1,6 +1,7 @@
 //! Plain data describing GPUs as a backend observes them. Shared by the backends (which fill it),
 //! the planner (which reads it) and the status output.
 
+pub use crate::mig::sim::ComputeMode;
 use crate::mig::{Placement, ProfileTable};
 use serde::Serialize;
 
@@ -27,6 +28,8 @@ pub struct GpuInfo {
     pub mig_capable: bool,
     /// Whether a MIG mode change needs a GPU reset to take effect (Ampere).
     pub mode_change_needs_reset: bool,
+    /// CUDA compute capability (major, minor).
+    pub compute_capability: (u32, u32),
 }
 
 /// MIG mode as NVML reports it.
@@ -104,6 +107,8 @@ pub struct GpuState {
     pub instances: Vec<GiState>,
     /// Processes on the whole GPU, outside MIG instances.
     pub processes: Vec<Process>,
+    /// Compute mode (EXCLUSIVE_PROCESS while an MPS daemon serves the GPU).
+    pub compute_mode: ComputeMode,
 }
 
 impl GpuState {

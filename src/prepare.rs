@@ -16,8 +16,11 @@ pub enum Target {
         /// Why.
         reason: String,
     },
-    /// MIG disabled.
-    MigDisabled,
+    /// MIG disabled, with an MPS daemon when the entry has an `mps` block.
+    MigDisabled {
+        /// The MPS settings resolved on this GPU.
+        mps: Option<crate::mps::MpsSettings>,
+    },
     /// MIG enabled with these devices.
     MigEnabled {
         /// The wanted devices.
@@ -84,7 +87,17 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
             Selection::SkippedNoMig { .. } => {
                 Target::Leave { reason: format!("{} does not support MIG", s.info.model) }
             }
-            Selection::Disabled { .. } => Target::MigDisabled,
+            Selection::Disabled { entry, mps } => match mps.map(|m| crate::mps::settings::resolve(&m, &s.info)) {
+                None => Target::MigDisabled { mps: None },
+                Some(Ok(settings)) => Target::MigDisabled { mps: Some(settings) },
+                Some(Err(e)) => {
+                    problems.push(format!(
+                        "GPU {} ({}): config '{}', entry {entry}, {e}",
+                        s.info.index, s.info.model, config.name
+                    ));
+                    continue;
+                }
+            },
             Selection::Enabled { entry, devices } => match DesiredDevices::resolve(&s.profiles, &devices) {
                 Ok(devices) => Target::MigEnabled { devices },
                 Err(e) => {
@@ -118,8 +131,8 @@ pub fn prepare(
     for (state, target) in states.into_iter().zip(targets) {
         let (mode_change, desired) = match &target {
             Target::Leave { .. } => (None, None),
-            Target::MigDisabled if !state.info.mig_capable => (None, None),
-            Target::MigDisabled => {
+            Target::MigDisabled { .. } if !state.info.mig_capable => (None, None),
+            Target::MigDisabled { .. } => {
                 let change = (state.mig_mode.current || state.mig_mode.pending).then_some(false);
                 (change, Some(DesiredDevices::default()))
             }

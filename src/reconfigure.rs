@@ -4,6 +4,7 @@
 use crate::backend::{BackendError, GpuBackend};
 use crate::config::MigConfig;
 use crate::exec::{execute, ExecOptions, GpuReport, Outcome};
+use crate::mps::{GpuMps, Mps, MpsReport};
 use crate::prepare::{prepare, Job, PrepareError};
 
 /// Options of one pass.
@@ -38,12 +39,25 @@ pub struct Pass {
     pub jobs: Vec<Job>,
     /// Per-GPU reports, in the same order.
     pub reports: Vec<GpuReport>,
+    /// Per-GPU MPS plans (GPUs the config selects).
+    pub mps_plans: Vec<GpuMps>,
+    /// What became of the MPS actions that ran.
+    pub mps: Vec<MpsReport>,
 }
 
 impl Pass {
-    /// GPUs whose job failed.
+    /// GPUs whose job failed (MIG changes or MPS daemons).
     pub fn failed(&self) -> usize {
-        self.reports.iter().filter(|r| matches!(r.outcome, Outcome::Failed(_))).count()
+        let mut gpus: Vec<u32> = self
+            .reports
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Failed(_)))
+            .map(|r| r.gpu)
+            .chain(self.mps.iter().filter(|r| r.error.is_some()).map(|r| r.gpu))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus.len()
     }
 
     /// GPU instances (kept, destroyed, created) over all plans.
@@ -55,9 +69,35 @@ impl Pass {
     }
 }
 
-/// Observes, plans and executes `config` on every GPU of `backend`.
+/// Observes, plans and executes `config` on every GPU of `backend` (without MPS daemons).
 pub fn run(backend: &dyn GpuBackend, config: &MigConfig, opts: Options) -> Result<Pass, PassError> {
-    run_with(backend, config, opts, &mut |_| Ok(()))
+    run_with(backend, config, opts, None, &mut |_| Ok(()))
+}
+
+/// Plans the MPS daemons for `jobs`; a busy daemon in the way is a (blocked) prepare error.
+pub fn plan_mps(mps: Option<&Mps>, jobs: &[Job], force: bool) -> Result<Vec<GpuMps>, PrepareError> {
+    match mps {
+        None => Ok(Vec::new()),
+        Some(m) => m.plan(jobs, force).map_err(|problems| PrepareError { problems, blocked: true }),
+    }
+}
+
+/// Executes planned jobs with their MPS plans: daemons that must go stop first, then the MIG
+/// changes run, then daemons that must come start (not on GPUs whose MIG change failed).
+pub fn execute_node(
+    backend: &dyn GpuBackend,
+    jobs: &[Job],
+    mps: Option<(&Mps, &[GpuMps])>,
+    exec: ExecOptions,
+) -> (Vec<GpuReport>, Vec<MpsReport>) {
+    let Some((mps, plans)) = mps.filter(|_| !exec.dry_run) else {
+        return (execute(backend, jobs, exec), Vec::new());
+    };
+    let mut stopped = mps.stop_phase(backend, plans);
+    let reports = execute(backend, jobs, exec);
+    let failed: Vec<u32> = reports.iter().filter(|r| matches!(r.outcome, Outcome::Failed(_))).map(|r| r.gpu).collect();
+    let started = mps.start_phase(backend, plans, &failed, &mut stopped);
+    (reports, started)
 }
 
 /// Like [`run`], calling `before_execute` with the planned jobs just before anything changes (the
@@ -66,11 +106,13 @@ pub fn run_with(
     backend: &dyn GpuBackend,
     config: &MigConfig,
     opts: Options,
+    mps: Option<&Mps>,
     before_execute: &mut dyn FnMut(&[Job]) -> Result<(), String>,
 ) -> Result<Pass, PassError> {
     let states = backend.observe_all()?;
     let jobs = prepare(states, config, opts.force, opts.mode_only)?;
+    let mps_plans = plan_mps(mps, &jobs, opts.force)?;
     before_execute(&jobs).map_err(PassError::Hook)?;
-    let reports = execute(backend, &jobs, opts.exec);
-    Ok(Pass { jobs, reports })
+    let (reports, mps_reports) = execute_node(backend, &jobs, mps.map(|m| (m, mps_plans.as_slice())), opts.exec);
+    Ok(Pass { jobs, reports, mps_plans, mps: mps_reports })
 }

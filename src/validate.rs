@@ -26,11 +26,29 @@ pub struct Findings {
     pub warnings: Vec<String>,
 }
 
+/// Checks an entry's `mps` block on the models it may land on: the filtered ones are problems;
+/// without a filter a model that cannot serve it is a warning, and every model failing a problem.
+fn check_mps_offline(at: &str, spec: &DeviceSpec, filtered: &[&'static Model], found: &mut Findings) {
+    let Some(mps) = &spec.mps else { return };
+    let models: Vec<&'static Model> =
+        if spec.filter.is_empty() { catalog::models().collect() } else { filtered.to_vec() };
+    let failures: Vec<String> = models
+        .iter()
+        .filter_map(|m| crate::mps::settings::resolve_on_model(mps, m).err().map(|e| format!("{at}, {e}")))
+        .collect();
+    if !spec.filter.is_empty() || failures.len() == models.len() {
+        found.problems.extend(failures);
+    } else {
+        found.warnings.extend(failures);
+    }
+}
+
 fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, found: &mut Findings) {
     let at = format!("config '{}', entry {entry}", config.name);
     let filtered: Vec<&'static Model> =
         catalog::models().filter(|m| spec.filter.iter().any(|f| f.device_id == m.pci_device_id)).collect();
     if !spec.mig_enabled {
+        check_mps_offline(&at, spec, &filtered, found);
         return;
     }
     if !spec.filter.is_empty() {
@@ -86,6 +104,11 @@ fn check_on_node(config: &MigConfig, node: &[(&'static Model, GpuIdent)], proble
     };
     let mut seen = Vec::new();
     for ((model, ident), sel) in node.iter().zip(selections) {
+        if let Selection::Disabled { entry, mps: Some(mps) } = &sel {
+            if let Err(e) = crate::mps::settings::resolve_on_model(mps, model) {
+                problems.push(format!("config '{}', entry {entry}, {e} (GPU {})", config.name, ident.index));
+            }
+        }
         if let Selection::Enabled { entry, .. } = sel {
             if seen.contains(&(entry, model.id)) {
                 continue;

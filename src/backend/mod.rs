@@ -7,7 +7,7 @@ pub mod sim;
 
 use crate::mig::sim::fault::code_name;
 use crate::mig::Placement;
-use crate::observed::GpuState;
+use crate::observed::{ComputeMode, GpuState};
 
 /// A failed backend operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -88,6 +88,8 @@ pub trait GpuBackend: Send + Sync {
     fn destroy_compute_instance(&self, gpu: u32, gi: u32, ci: u32) -> Result<(), BackendError>;
     /// Destroys a GPU instance (its CIs must be gone).
     fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), BackendError>;
+    /// Sets the compute mode (`nvmlDeviceSetComputeMode`; EXCLUSIVE_PROCESS for MPS).
+    fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError>;
 
     /// Observes every GPU.
     fn observe_all(&self) -> Result<Vec<GpuState>, BackendError> {

@@ -8,7 +8,8 @@ use super::{BackendError, GpuBackend, ModeActivation};
 use crate::mig::catalog::{self, ci_profiles};
 use crate::mig::profile::derive_gi_name;
 use crate::mig::{Engines, GiProfile, Placement, ProfileTable};
-use crate::observed::{CiState, GiState, GpuInfo, GpuState, MigMode, Process};
+use crate::observed::{CiState, ComputeMode, GiState, GpuInfo, GpuState, MigMode, Process};
+use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
 use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -177,6 +178,15 @@ impl NvmlBackend {
     }
 }
 
+fn from_nvml_mode(m: NvmlComputeMode) -> ComputeMode {
+    match m {
+        NvmlComputeMode::Default => ComputeMode::Default,
+        NvmlComputeMode::ExclusiveThread => ComputeMode::ExclusiveThread,
+        NvmlComputeMode::Prohibited => ComputeMode::Prohibited,
+        NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+    }
+}
+
 fn process_name(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_default()
 }
@@ -223,6 +233,12 @@ impl GpuBackend for NvmlBackend {
             Err(NvmlError::NotSupported) => None,
             Err(e) => return Err(wrap(gpu, "nvmlDeviceGetMigMode", e)),
         };
+        let cc = dev.cuda_compute_capability().map_err(|e| wrap(gpu, "nvmlDeviceGetCudaComputeCapability", e))?;
+        let compute_mode = match dev.compute_mode() {
+            Ok(m) => from_nvml_mode(m),
+            Err(NvmlError::NotSupported) => ComputeMode::Default,
+            Err(e) => return Err(wrap(gpu, "nvmlDeviceGetComputeMode", e)),
+        };
         let info = GpuInfo {
             index: gpu,
             uuid: dev.uuid().map_err(|e| wrap(gpu, "nvmlDeviceGetUUID", e))?,
@@ -234,6 +250,7 @@ impl GpuBackend for NvmlBackend {
             memory_total_bytes: total,
             mig_capable: mode.is_some(),
             mode_change_needs_reset: matches!(arch, DeviceArchitecture::Ampere),
+            compute_capability: (cc.major.max(0) as u32, cc.minor.max(0) as u32),
         };
         let profiles = match mode {
             Some(_) => self.profiles(gpu, &dev, total)?,
@@ -242,7 +259,14 @@ impl GpuBackend for NvmlBackend {
         let mig_on = mode.is_some_and(|m| m.current);
         let instances = if mig_on { self.instances(gpu, &dev, &profiles)? } else { Vec::new() };
         let gpu_processes = if mig_on { Vec::new() } else { processes(gpu, &dev)?.into_iter().map(|p| p.0).collect() };
-        Ok(GpuState { info, mig_mode: mode.unwrap_or_default(), profiles, instances, processes: gpu_processes })
+        Ok(GpuState {
+            info,
+            mig_mode: mode.unwrap_or_default(),
+            profiles,
+            instances,
+            processes: gpu_processes,
+            compute_mode,
+        })
     }
 
     fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<ModeActivation, BackendError> {
@@ -308,5 +332,16 @@ impl GpuBackend for NvmlBackend {
         let raw = self.raw();
         let gi_h = raw.gi_by_id(handle(&dev), gi).map_err(|e| self.err(gpu, e))?;
         raw.destroy_gi(gi_h).map_err(|e| self.err(gpu, e))
+    }
+
+    fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError> {
+        let mut dev = self.device(gpu)?;
+        let m = match mode {
+            ComputeMode::Default => NvmlComputeMode::Default,
+            ComputeMode::ExclusiveThread => NvmlComputeMode::ExclusiveThread,
+            ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
+            ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
+        };
+        dev.set_compute_mode(m).map_err(|e| wrap(gpu, "nvmlDeviceSetComputeMode", e))
     }
 }

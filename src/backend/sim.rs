@@ -8,7 +8,7 @@ use crate::mig::sim::ops::Activation;
 use crate::mig::sim::store::{self, SharedFile, UpdateError};
 use crate::mig::sim::{SimError, SimGpu, SimProcess, SimState};
 use crate::mig::Placement;
-use crate::observed::{CiState, GiState, GpuInfo, GpuState, MigMode, Process};
+use crate::observed::{CiState, ComputeMode, GiState, GpuInfo, GpuState, MigMode, Process};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -164,11 +164,13 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
             memory_total_bytes: model.memory_bytes(),
             mig_capable: model.mig_capable(),
             mode_change_needs_reset: model.arch.mig_mode_needs_reset(),
+            compute_capability: model.compute_capability,
         },
         mig_mode: MigMode { current: g.mig_mode.current, pending: g.mig_mode.pending },
         profiles: model.profile_table(),
         instances,
         processes: g.processes.iter().map(to_process).collect(),
+        compute_mode: g.compute_mode,
     })
 }
 
@@ -232,5 +234,9 @@ impl GpuBackend for SimBackend {
 
     fn destroy_gpu_instance(&self, gpu: u32, gi: u32) -> Result<(), BackendError> {
         self.mutate(gpu, "nvmlGpuInstanceDestroy", |s| s.destroy_gpu_instance(gpu, gi))
+    }
+
+    fn set_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), BackendError> {
+        self.mutate(gpu, "nvmlDeviceSetComputeMode", |s| s.set_compute_mode(gpu, mode))
     }
 }

@@ -71,7 +71,8 @@ fn apply_with_hooks(
         }
         Ok(())
     };
-    let pass = match reconfigure::run_with(backend.as_ref(), config, opts, &mut before) {
+    let mps = crate::mps::Mps::from_args(g);
+    let pass = match reconfigure::run_with(backend.as_ref(), config, opts, Some(&mps), &mut before) {
         Ok(p) => p,
         Err(PassError::Prepare(e)) => {
             eprintln!("error: nothing was changed; config '{}' cannot be applied:", config.name);
@@ -84,11 +85,21 @@ fn apply_with_hooks(
     };
     let mut out = String::new();
     for (job, report) in pass.jobs.iter().zip(&pass.reports) {
-        render(&mut out, job, report);
+        let plan = pass.mps_plans.iter().find(|p| p.gpu == report.gpu);
+        render(&mut out, job, report, plan.is_some_and(|p| p.action.changes()));
+        let done = pass.mps.iter().find(|r| r.gpu == report.gpu);
+        render_mps(&mut out, plan, done, a.dry_run);
     }
     print!("{out}");
     let failed = pass.failed();
-    let changed = pass.reports.iter().filter(|r| matches!(r.outcome, Outcome::Applied | Outcome::DryRun)).count();
+    let changed = pass
+        .reports
+        .iter()
+        .filter(|r| {
+            matches!(r.outcome, Outcome::Applied | Outcome::DryRun)
+                || pass.mps_plans.iter().any(|p| p.gpu == r.gpu && p.action.changes())
+        })
+        .count();
     let (kept, destroyed, created) = pass.instance_counts();
     let reports = &pass.reports;
     let totals = format!(
@@ -107,6 +118,31 @@ fn apply_with_hooks(
     Ok(ExitCode::SUCCESS)
 }
 
+/// One GPU's MPS lines: the daemon's action, then (after a run) the commands sent or the failure.
+fn render_mps(
+    out: &mut String,
+    plan: Option<&crate::mps::GpuMps>,
+    done: Option<&crate::mps::MpsReport>,
+    dry_run: bool,
+) {
+    let Some(p) = plan else { return };
+    if let crate::mps::Want::Serve(s) = p.want {
+        let pct = s.active_thread_percentage.map_or_else(|| "no thread limit".to_string(), |v| format!("{v}% threads"));
+        let mem =
+            s.pinned_memory_limit_mib.map_or_else(|| "no memory limit".to_string(), |v| format!("{v}M pinned memory"));
+        let _ = writeln!(out, "  mps      {} client slots, {pct}, {mem} per client: {}", s.replicas, p.action);
+    } else if p.action.changes() {
+        let _ = writeln!(out, "  mps      {}", p.action);
+    }
+    let Some(r) = done.filter(|_| !dry_run) else { return };
+    if let Some(e) = &r.error {
+        let _ = writeln!(out, "  MPS FAILED: {e}");
+    }
+    if let Some(pid) = r.pid.filter(|_| r.action.changes()) {
+        let _ = writeln!(out, "  mps daemon pid {pid}");
+    }
+}
+
 fn mode_word(on: bool) -> &'static str {
     if on {
         "enabled"
@@ -115,7 +151,7 @@ fn mode_word(on: bool) -> &'static str {
     }
 }
 
-fn render(out: &mut String, job: &Job, report: &GpuReport) {
+fn render(out: &mut String, job: &Job, report: &GpuReport, mps_changes: bool) {
     let s = &job.state;
     let _ = write!(out, "GPU {} {} ({})", s.info.index, s.info.model, s.info.uuid);
     if let Target::Leave { reason } = &job.target {
@@ -143,6 +179,7 @@ fn render(out: &mut String, job: &Job, report: &GpuReport) {
         }
     }
     match &report.outcome {
+        Outcome::Unchanged if mps_changes => {}
         Outcome::Unchanged => {
             let _ = writeln!(out, "  already applied");
         }

@@ -16,7 +16,7 @@ pub fn first_difference(states: &[GpuState], targets: &[Target], mode_only: bool
         match t {
             Target::Leave { reason } if s.info.mig_capable => return Some(format!("{at}: {reason}")),
             Target::Leave { .. } => {}
-            Target::MigDisabled => {
+            Target::MigDisabled { .. } => {
                 if s.mig_mode.current || s.mig_mode.pending {
                     return Some(format!(
                         "{at}: MIG mode is {} (pending {}), want disabled",

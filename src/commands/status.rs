@@ -45,6 +45,53 @@ pub struct GpuStatus {
     pub processes: Vec<Process>,
     /// Fragmentation figures (docs/fragmentation.md), against the default workload mix.
     pub fragmentation: crate::frag::GpuFrag,
+    /// Compute mode (`default`, `exclusive_process`, …).
+    pub compute_mode: crate::observed::ComputeMode,
+    /// The GPU's MPS control daemon, when one runs or gpupart configured one (else null).
+    pub mps: Option<MpsStatus>,
+}
+
+/// One GPU's MPS daemon in `status -o json`.
+#[derive(Debug, Serialize)]
+pub struct MpsStatus {
+    /// Daemon pid while the process lives.
+    pub pid: Option<u32>,
+    /// Whether it answers the health round trip.
+    pub up: bool,
+    /// Client slots gpupart configured (null when gpupart did not start it).
+    pub replicas: Option<u32>,
+    /// Default active thread percentage per client, as the daemon reads it back.
+    pub active_thread_percentage: Option<String>,
+    /// Default pinned device memory limit per client, as the daemon reads it back.
+    pub pinned_memory_limit: Option<String>,
+    /// MPS server pids.
+    pub servers: Vec<u32>,
+    /// Connected client pids.
+    pub clients: Vec<u32>,
+    /// The pipe directory clients use (`CUDA_MPS_PIPE_DIRECTORY`).
+    pub pipe_directory: String,
+    /// Why it is not up.
+    pub error: Option<String>,
+}
+
+/// The MPS part of `status` for one GPU: `None` when no daemon runs and none was configured.
+pub fn mps_status(mps: &crate::mps::Mps, state: &GpuState) -> Option<MpsStatus> {
+    let paths = mps.paths(&state.info.uuid);
+    if !paths.pid_file().exists() && !paths.dir.join(crate::mps::daemon::SETTINGS_FILE).exists() {
+        return None;
+    }
+    let st = mps.probe(state);
+    Some(MpsStatus {
+        pid: st.pid,
+        up: st.up,
+        replicas: st.settings.map(|s| s.replicas),
+        active_thread_percentage: st.active_thread_percentage,
+        pinned_memory_limit: st.pinned_memory_limit,
+        servers: st.servers,
+        clients: st.clients,
+        pipe_directory: paths.pipe().display().to_string(),
+        error: st.error,
+    })
 }
 
 /// One MIG device in `status -o json`.
@@ -83,8 +130,8 @@ pub struct FreeStatus {
     pub creatable: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Builds the status document from observed GPUs.
-pub fn status_doc(states: &[GpuState]) -> StatusDoc {
+/// Builds the status document from observed GPUs (and their MPS daemons, when `mps` is given).
+pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusDoc {
     let gpus = states
         .iter()
         .map(|s| {
@@ -145,6 +192,8 @@ pub fn status_doc(states: &[GpuState]) -> StatusDoc {
                 free,
                 processes: s.processes.clone(),
                 fragmentation: crate::frag::gpu_frag(s, None),
+                compute_mode: s.compute_mode,
+                mps: mps.and_then(|m| mps_status(m, s)),
             }
         })
         .collect();
@@ -204,6 +253,25 @@ fn table(doc: &StatusDoc) -> String {
                 f.expected_fragmentation_ratio * 100.0
             );
         }
+        if g.compute_mode != crate::observed::ComputeMode::Default {
+            let _ = writeln!(out, "  compute mode: {}", g.compute_mode.as_str());
+        }
+        if let Some(m) = &g.mps {
+            let state = match (m.pid, m.up) {
+                (Some(pid), true) => format!("up (pid {pid})"),
+                (Some(pid), false) => format!("not answering (pid {pid})"),
+                (None, _) => "down".to_string(),
+            };
+            let clients: Vec<String> = m.clients.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                out,
+                "  mps: {state}, {} slots, threads {}%, pinned memory {}, clients: {}",
+                m.replicas.map_or_else(|| "?".to_string(), |r| r.to_string()),
+                m.active_thread_percentage.as_deref().unwrap_or("-"),
+                m.pinned_memory_limit.as_deref().unwrap_or("-"),
+                if clients.is_empty() { "none".to_string() } else { clients.join(", ") }
+            );
+        }
         if !g.processes.is_empty() {
             let pids: Vec<String> = g.processes.iter().map(|p| p.pid.to_string()).collect();
             let _ = writeln!(out, "  processes: {}", pids.join(", "));
@@ -216,7 +284,8 @@ fn table(doc: &StatusDoc) -> String {
 pub fn run(g: &GlobalArgs, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
     let states = backend.observe_all().context("reading the GPUs")?;
-    let doc = status_doc(&states);
+    let mps = crate::mps::Mps::from_args(g);
+    let doc = status_doc(&states, Some(&mps));
     match a.output {
         StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
         StatusFormat::Table => print!("{}", table(&doc)),

@@ -2,6 +2,7 @@
 //! texts, each error naming the config, the entry index, the key and the offending value.
 
 mod parse;
+pub(crate) use parse::parse_mem_limit;
 mod select;
 
 pub use parse::parse;
@@ -40,6 +41,19 @@ pub struct DeviceSpec {
     pub mig_enabled: bool,
     /// `mig-devices`: MIG device name → count, in file order, zero counts dropped.
     pub mig_devices: Vec<(ProfileName, u32)>,
+    /// gpupart extension `mps` (only with `mig-enabled: false`): one MPS daemon per GPU.
+    pub mps: Option<MpsSpec>,
+}
+
+/// The `mps` block of an entry, as written (limits that depend on the GPU are checked per GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpsSpec {
+    /// `replicas`: client slots on each GPU of the entry (>= 2).
+    pub replicas: u32,
+    /// `active-thread-percentage` per client (1..=100); default 100 / replicas.
+    pub active_thread_percentage: Option<u32>,
+    /// `pinned-memory-limit` per client in MiB; default total memory / replicas.
+    pub pinned_memory_limit_mib: Option<u64>,
 }
 
 /// A `device-filter` item: `0xDEVICEVENDOR[:0xSUBDEVICESUBVENDOR]`.

@@ -1,6 +1,6 @@
 //! YAML/JSON text → [`ConfigFile`], with mig-parted's validation rules.
 
-use super::{ConfigError, ConfigFile, DeviceFilter, DeviceSpec, Devices, MigConfig};
+use super::{ConfigError, ConfigFile, DeviceFilter, DeviceSpec, Devices, MigConfig, MpsSpec};
 use serde_json::{Map, Value};
 
 /// Where in the file a value sits, for error messages.
@@ -122,7 +122,7 @@ fn parse_spec(at: At<'_>, v: &Value) -> Result<DeviceSpec, ConfigError> {
         });
     };
     for key in m.keys() {
-        if !matches!(key.as_str(), "device-filter" | "devices" | "mig-enabled" | "mig-devices") {
+        if !matches!(key.as_str(), "device-filter" | "devices" | "mig-enabled" | "mig-devices" | "mps") {
             return Err(at.err(key, format!("unexpected field: {key}")));
         }
     }
@@ -149,7 +149,80 @@ fn parse_spec(at: At<'_>, v: &Value) -> Result<DeviceSpec, ConfigError> {
         None => return Err(at.err("mig-enabled", "missing required field 'mig-enabled'")),
     };
     let mig_devices = parse_mig_devices(at, m, mig_enabled)?;
-    Ok(DeviceSpec { filter, devices, mig_enabled, mig_devices })
+    let mps = match m.get("mps") {
+        None | Some(Value::Null) => None,
+        Some(_) if mig_enabled => return Err(at.err(
+            "mps",
+            "MPS is configured on an entry with 'mig-enabled: true'; gpupart runs MPS only on GPUs with MIG disabled",
+        )),
+        Some(v) => Some(parse_mps(at, v)?),
+    };
+    Ok(DeviceSpec { filter, devices, mig_enabled, mig_devices, mps })
+}
+
+/// Largest `replicas` on any GPU (Volta and later); the per-architecture limit is checked per GPU.
+const MPS_MAX_CLIENTS: u64 = 48;
+
+/// The `mps` block: `replicas`, `active-thread-percentage`, `pinned-memory-limit`.
+fn parse_mps(at: At<'_>, v: &Value) -> Result<MpsSpec, ConfigError> {
+    let Value::Object(m) = v else {
+        return Err(at.err("mps", format!("expected a mapping with 'replicas', found {}", show(v))));
+    };
+    for key in m.keys() {
+        if !matches!(key.as_str(), "replicas" | "active-thread-percentage" | "pinned-memory-limit") {
+            return Err(at.err(&format!("mps.{key}"), format!("unexpected field: {key}")));
+        }
+    }
+    let replicas = match m.get("replicas") {
+        None => return Err(at.err("mps.replicas", "missing required field 'replicas'")),
+        Some(r) => r.as_u64().filter(|n| (2..=MPS_MAX_CLIENTS).contains(n)).ok_or_else(|| {
+            at.err(
+                "mps.replicas",
+                format!(
+                    "invalid replicas {}: expected an integer from 2 to {MPS_MAX_CLIENTS} (16 before Volta)",
+                    show(r)
+                ),
+            )
+        })? as u32,
+    };
+    let active_thread_percentage = match m.get("active-thread-percentage") {
+        None | Some(Value::Null) => None,
+        Some(p) => Some(p.as_u64().filter(|n| (1..=100).contains(n)).ok_or_else(|| {
+            at.err(
+                "mps.active-thread-percentage",
+                format!("invalid percentage {}: expected an integer from 1 to 100", show(p)),
+            )
+        })? as u32),
+    };
+    let pinned_memory_limit_mib = match m.get("pinned-memory-limit") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(parse_mem_limit(s).ok_or_else(|| {
+            at.err(
+                "mps.pinned-memory-limit",
+                format!("invalid memory limit '{s}': expected a whole number of M or G, e.g. 512M or 7G"),
+            )
+        })?),
+        Some(other) => {
+            return Err(at.err(
+                "mps.pinned-memory-limit",
+                format!("invalid memory limit {}: expected a string such as 512M or 7G", show(other)),
+            ))
+        }
+    };
+    Ok(MpsSpec { replicas, active_thread_percentage, pinned_memory_limit_mib })
+}
+
+/// `512M` or `7G` (MiB and GiB, as `set_default_device_pinned_mem_limit` takes them) in MiB.
+pub(crate) fn parse_mem_limit(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, factor) = match s.strip_suffix(['G', 'g']) {
+        Some(n) => (n, 1024),
+        None => (s.strip_suffix(['M', 'm'])?, 1),
+    };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    num.parse::<u64>().ok().and_then(|n| n.checked_mul(factor)).filter(|n| *n > 0)
 }
 
 /// Parses an unsigned 32-bit integer the way Go's `strconv.ParseUint(s, 0, 32)` does.

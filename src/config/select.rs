@@ -1,7 +1,7 @@
 //! Which entry of a config applies to which GPU of a node (mig-parted semantics: entries are
 //! walked in order and the last one that selects a GPU wins).
 
-use super::{Devices, MigConfig};
+use super::{Devices, MigConfig, MpsSpec};
 use gpupart_mig::ProfileName;
 
 /// What selection needs to know about a GPU.
@@ -33,6 +33,8 @@ pub enum Selection {
     Disabled {
         /// The selecting entry.
         entry: usize,
+        /// The entry's `mps` block, when it has one.
+        mps: Option<MpsSpec>,
     },
     /// MIG enabled with these MIG devices (name → count).
     Enabled {
@@ -99,7 +101,7 @@ pub fn select(config: &MigConfig, gpus: &[GpuIdent]) -> Result<Vec<Selection>, S
         for g in targets {
             let pos = gpus.iter().position(|x| x.index == g.index).unwrap_or(0);
             out[pos] = if !spec.mig_enabled {
-                Selection::Disabled { entry }
+                Selection::Disabled { entry, mps: spec.mps }
             } else if !g.mig_capable {
                 if explicit {
                     return Err(SelectError::NotMigCapable {

@@ -146,7 +146,7 @@ mig-configs:
     let s = select(c, &node).unwrap();
     assert!(matches!(&s[0], Selection::Enabled { entry: 0, devices } if devices[0].1 == 7));
     assert!(matches!(&s[1], Selection::Enabled { entry: 2, .. }), "the last entry wins");
-    assert_eq!(s[2], Selection::Disabled { entry: 1 });
+    assert_eq!(s[2], Selection::Disabled { entry: 1, mps: None });
     assert_eq!(s[3], Selection::SkippedNoMig { entry: 0 });
     let bad = parse("version: v1\nmig-configs:\n  c:\n    - devices: [9]\n      mig-enabled: false\n").unwrap();
     let e = select(bad.choose(None).unwrap(), &node).unwrap_err().to_string();
@@ -170,4 +170,63 @@ fn gpupart_workload_extension() {
             .unwrap_err()
             .to_string();
     assert!(e.contains("unexpected field: other"), "{e}");
+}
+
+const MPS_HEAD: &str = "version: v1\nmig-configs:\n  mps-node:\n    - devices: [0, 1]\n      mig-enabled: false\n";
+
+#[test]
+fn mps_block_parses_with_and_without_limits() {
+    let f = parse(&format!(
+        "{MPS_HEAD}      mps:\n        replicas: 4\n        active-thread-percentage: 25\n        pinned-memory-limit: 7G\n    - devices: [2]\n      mig-enabled: false\n      mps: {{replicas: 3, pinned-memory-limit: 512M}}\n    - devices: [3]\n      mig-enabled: false\n"
+    ))
+    .unwrap();
+    let c = f.get("mps-node").unwrap();
+    assert_eq!(
+        c.specs[0].mps,
+        Some(MpsSpec { replicas: 4, active_thread_percentage: Some(25), pinned_memory_limit_mib: Some(7168) })
+    );
+    assert_eq!(
+        c.specs[1].mps,
+        Some(MpsSpec { replicas: 3, active_thread_percentage: None, pinned_memory_limit_mib: Some(512) })
+    );
+    assert_eq!(c.specs[2].mps, None);
+}
+
+#[test]
+fn mps_refusals_name_config_entry_and_key() {
+    let on_mig = err("version: v1\nmig-configs:\n  c:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {1g.10gb: 7}\n      mps: {replicas: 2}\n");
+    assert!(
+        on_mig.starts_with("config 'c', entry 0, key 'mps': MPS is configured on an entry with 'mig-enabled: true'"),
+        "{on_mig}"
+    );
+    let cases = [
+        ("mps: {replicas: 1}", "key 'mps.replicas': invalid replicas 1"),
+        ("mps: {replicas: 49}", "key 'mps.replicas': invalid replicas 49"),
+        ("mps: {replicas: two}", "key 'mps.replicas': invalid replicas 'two'"),
+        ("mps: {active-thread-percentage: 50}", "key 'mps.replicas': missing required field 'replicas'"),
+        ("mps: {replicas: 2, active-thread-percentage: 0}", "key 'mps.active-thread-percentage': invalid percentage 0"),
+        (
+            "mps: {replicas: 2, active-thread-percentage: 101}",
+            "key 'mps.active-thread-percentage': invalid percentage 101",
+        ),
+        ("mps: {replicas: 2, pinned-memory-limit: 7GB}", "key 'mps.pinned-memory-limit': invalid memory limit '7GB'"),
+        ("mps: {replicas: 2, pinned-memory-limit: 0M}", "key 'mps.pinned-memory-limit': invalid memory limit '0M'"),
+        ("mps: {replicas: 2, pinned-memory-limit: 7}", "key 'mps.pinned-memory-limit': invalid memory limit 7"),
+        ("mps: {replicas: 2, clients: 3}", "key 'mps.clients': unexpected field: clients"),
+        ("mps: 4", "key 'mps': expected a mapping"),
+    ];
+    for (block, want) in cases {
+        let e = err(&format!("{MPS_HEAD}      {block}\n"));
+        assert!(e.starts_with("config 'mps-node', entry 0, ") && e.contains(want), "{block}: {e}");
+    }
+}
+
+#[test]
+fn memory_limits_take_m_and_g() {
+    assert_eq!(parse::parse_mem_limit("7G"), Some(7168));
+    assert_eq!(parse::parse_mem_limit("4096M"), Some(4096));
+    assert_eq!(parse::parse_mem_limit("1g"), Some(1024));
+    for bad in ["", "G", "7", "7GiB", "-1G", "1.5G", "0G"] {
+        assert_eq!(parse::parse_mem_limit(bad), None, "{bad}");
+    }
 }

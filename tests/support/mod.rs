@@ -66,6 +66,13 @@ pub fn fake_nvml() -> (PathBuf, PathBuf) {
     }
 }
 
+/// The MPS control program's test double, built by `cargo test --workspace`.
+pub fn fake_mps_control() -> PathBuf {
+    let p = build_dir().join("fake-nvidia-cuda-mps-control");
+    assert!(p.exists(), "{} missing: run the tests with `cargo test --workspace`", p.display());
+    p
+}
+
 /// Captured result of one binary run.
 pub struct Run {
     /// Exit code.
@@ -168,6 +175,7 @@ impl Node {
             c.env_remove(k);
         }
         c.env("RUST_LOG", "warn");
+        c.arg("--mps-root").arg(self.mps_root()).arg("--mps-control").arg(fake_mps_control());
         match self.backend {
             Backend::Sim => {
                 c.args(["--sim-state", self.state.to_str().unwrap()]);
@@ -182,6 +190,27 @@ impl Node {
             c.env(k, v);
         }
         c
+    }
+
+    /// The node's `--mps-root` (inside its directory, so daemons exit when the test ends).
+    pub fn mps_root(&self) -> PathBuf {
+        self.dir.path().join("mps")
+    }
+
+    /// The directory of GPU `uuid`'s MPS daemon.
+    pub fn mps_dir(&self, uuid: &str) -> PathBuf {
+        self.mps_root().join(uuid)
+    }
+
+    /// The commands GPU `uuid`'s daemon received, from its control.log, in order.
+    pub fn mps_commands(&self, uuid: &str) -> Vec<String> {
+        let log = std::fs::read_to_string(self.mps_dir(uuid).join("log/control.log")).unwrap_or_default();
+        log.lines().filter_map(|l| l.split_once("Cmd:").map(|(_, c)| c.to_string())).collect()
+    }
+
+    /// The pid in GPU `uuid`'s daemon pid file.
+    pub fn mps_pid(&self, uuid: &str) -> Option<u32> {
+        std::fs::read_to_string(self.mps_dir(uuid).join("pipe/nvidia-cuda-mps-control.pid")).ok()?.trim().parse().ok()
     }
 
     /// Runs the binary on this node.
@@ -203,7 +232,12 @@ impl Node {
 
     /// Applies `config` from `file` and expects success.
     pub fn apply(&self, file: &str, config: &str) -> Run {
-        self.run(&["apply", "-f", file, "-c", config]).ok()
+        self.apply_result(file, config).ok()
+    }
+
+    /// Applies `config` from `file`, successful or not.
+    pub fn apply_result(&self, file: &str, config: &str) -> Run {
+        self.run(&["apply", "-f", file, "-c", config])
     }
 
     /// The simulator state.

@@ -2,9 +2,9 @@
 
 use super::{call, ci_of, gpu_of, mig_devices, put, put_list, put_str};
 use crate::handle::Handle;
-use crate::runtime::{read, Ret, INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, VERSION_MISMATCH};
+use crate::runtime::{read, write, Ret, INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, VERSION_MISMATCH};
 use gpupart_mig::catalog::{Arch, Model};
-use gpupart_mig::sim::{SimGpu, SimProcess, SimState};
+use gpupart_mig::sim::{ComputeMode, SimGpu, SimProcess, SimState};
 use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlProcessInfo_t};
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_uint};
@@ -242,6 +242,7 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(device: nvmlDevice_t, arch: *
     call("nvmlDeviceGetArchitecture", || {
         read(|s| {
             let v = match model(parent(s, device)?)?.arch {
+                Arch::Pascal => 4,
                 Arch::Volta => 5,
                 Arch::Turing => 6,
                 Arch::Ampere => 7,
@@ -363,4 +364,27 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     infos: *mut nvmlProcessInfo_t,
 ) -> Ret {
     unsafe { nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos) }
+}
+
+/// `nvmlDeviceGetComputeMode` (physical GPUs only).
+///
+/// # Safety
+/// See the module contract in `abi`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(device: nvmlDevice_t, mode: *mut c_uint) -> Ret {
+    call("nvmlDeviceGetComputeMode", || read(|s| unsafe { put(mode, gpu_of(s, device)?.compute_mode.nvml_value()) }))
+}
+
+/// `nvmlDeviceSetComputeMode`: an unknown value is `INVALID_ARGUMENT`, the removed
+/// EXCLUSIVE_THREAD mode `NOT_SUPPORTED`.
+///
+/// # Safety
+/// See the module contract in `abi`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceSetComputeMode(device: nvmlDevice_t, mode: c_uint) -> Ret {
+    call("nvmlDeviceSetComputeMode", || {
+        let wanted = ComputeMode::from_nvml(mode).ok_or(INVALID_ARGUMENT)?;
+        let index = read(|s| Ok(gpu_of(s, device)?.index))?;
+        write(|s| s.set_compute_mode(index, wanted))
+    })
 }

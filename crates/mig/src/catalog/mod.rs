@@ -15,6 +15,8 @@ use std::fmt;
 /// GPU architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Arch {
+    /// Pascal (P100): before Volta, so MPS has no per-client limits and at most 16 clients.
+    Pascal,
     /// Volta (V100).
     Volta,
     /// Turing (T4).
@@ -37,6 +39,7 @@ impl Arch {
     /// Lower-case name (`ampere`, `hopper`, …).
     pub fn as_str(self) -> &'static str {
         match self {
+            Arch::Pascal => "pascal",
             Arch::Volta => "volta",
             Arch::Turing => "turing",
             Arch::Ampere => "ampere",

@@ -1,4 +1,4 @@
-//! GPUs without MIG (Volta, Turing, Ampere GA102, Ada). MPS is their sharing mechanism.
+//! GPUs without MIG (Pascal, Volta, Turing, Ampere GA102, Ada). MPS is their sharing mechanism.
 //! Total memory values are UNV (typical `nvidia-smi` figures).
 
 use super::{Arch, Model};
@@ -16,7 +16,8 @@ const fn plain(
 }
 
 /// The models without MIG.
-pub(super) static MODELS: [Model; 6] = [
+pub(super) static MODELS: [Model; 7] = [
+    plain("P100-PCIE-16GB", "Tesla P100-PCIE-16GB", 0x15F8_10DE, 16280, (6, 0), Arch::Pascal, 56),
     plain("V100-SXM2-16GB", "Tesla V100-SXM2-16GB", 0x1DB1_10DE, 16384, (7, 0), Arch::Volta, 80),
     plain("V100-SXM2-32GB", "Tesla V100-SXM2-32GB", 0x1DB5_10DE, 32768, (7, 0), Arch::Volta, 80),
     plain("T4-16GB", "Tesla T4", 0x1EB8_10DE, 15360, (7, 5), Arch::Turing, 40),

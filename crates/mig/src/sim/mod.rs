@@ -11,7 +11,7 @@ pub mod store;
 
 pub use ops::{NvmlCode, SimError};
 pub use spec::{parse_spec, SpecError};
-pub use state::{MigModeState, SimCi, SimGi, SimGpu, SimProcess, SimState};
+pub use state::{ComputeMode, MigModeState, SimCi, SimGi, SimGpu, SimProcess, SimState};
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! NVML-like operations on a [`SimState`], returning NVML return codes on failure.
 
 use super::ids;
-use super::state::{MigModeState, SimCi, SimGi, SimGpu, SimState, STATE_VERSION};
+use super::state::{ComputeMode, MigModeState, SimCi, SimGi, SimGpu, SimState, STATE_VERSION};
 use crate::capacity::Occupancy;
 use crate::catalog::Model;
 use crate::profile::ProfileTable;
@@ -90,6 +90,7 @@ impl SimState {
                     bus_id: ids::bus_id(index),
                     mig_mode: MigModeState::default(),
                     passthrough: false,
+                    compute_mode: ComputeMode::Default,
                     processes: Vec::new(),
                     gpu_instances: Vec::new(),
                 });
@@ -218,6 +219,17 @@ impl SimState {
         }
         gpu.mig_mode = MigModeState { current: enabled, pending: enabled };
         Ok(Activation::Done)
+    }
+
+    /// `nvmlDeviceSetComputeMode`: EXCLUSIVE_THREAD was removed from current drivers
+    /// (`NOT_SUPPORTED`); every other mode is taken on any GPU.
+    pub fn set_compute_mode(&mut self, index: u32, mode: ComputeMode) -> Result<(), SimError> {
+        let gpu = self.gpu_mut(index)?;
+        if mode == ComputeMode::ExclusiveThread {
+            return err(NvmlCode::NotSupported, "EXCLUSIVE_THREAD compute mode is no longer supported");
+        }
+        gpu.compute_mode = mode;
+        Ok(())
     }
 
     /// GPU reset (`nvidia-smi --gpu-reset`): refused while processes run; applies the pending MIG

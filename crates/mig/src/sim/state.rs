@@ -30,6 +30,54 @@ pub struct MigModeState {
     pub pending: bool,
 }
 
+/// Compute mode (`nvmlComputeMode_t`), as `nvidia-smi -c` sets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeMode {
+    /// `NVML_COMPUTEMODE_DEFAULT` (0): any number of processes.
+    #[default]
+    Default,
+    /// `NVML_COMPUTEMODE_EXCLUSIVE_THREAD` (1): removed from current drivers.
+    ExclusiveThread,
+    /// `NVML_COMPUTEMODE_PROHIBITED` (2): no compute contexts.
+    Prohibited,
+    /// `NVML_COMPUTEMODE_EXCLUSIVE_PROCESS` (3): one process (the MPS server) at a time.
+    ExclusiveProcess,
+}
+
+impl ComputeMode {
+    /// The `nvmlComputeMode_t` value.
+    pub fn nvml_value(self) -> u32 {
+        match self {
+            ComputeMode::Default => 0,
+            ComputeMode::ExclusiveThread => 1,
+            ComputeMode::Prohibited => 2,
+            ComputeMode::ExclusiveProcess => 3,
+        }
+    }
+
+    /// The mode of an `nvmlComputeMode_t` value.
+    pub fn from_nvml(v: u32) -> Option<Self> {
+        [ComputeMode::Default, ComputeMode::ExclusiveThread, ComputeMode::Prohibited, ComputeMode::ExclusiveProcess]
+            .into_iter()
+            .find(|m| m.nvml_value() == v)
+    }
+
+    /// nvidia-smi's name (`Default`, `Exclusive_Process`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeMode::Default => "Default",
+            ComputeMode::ExclusiveThread => "Exclusive_Thread",
+            ComputeMode::Prohibited => "Prohibited",
+            ComputeMode::ExclusiveProcess => "Exclusive_Process",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == ComputeMode::Default
+    }
+}
+
 /// A process using a GPU, GPU instance or compute instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,6 +110,9 @@ pub struct SimGpu {
     /// GPU reset is not exposed (pass-through VM): a MIG mode change needs a reboot.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub passthrough: bool,
+    /// Compute mode (`default` when absent).
+    #[serde(default, skip_serializing_if = "ComputeMode::is_default")]
+    pub compute_mode: ComputeMode,
     /// Processes on the whole GPU (outside any MIG instance).
     #[serde(default)]
     pub processes: Vec<SimProcess>,
