@@ -196,6 +196,9 @@ pub struct AgentArgs {
     /// GPUs reconfigured at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub parallel: u32,
+    /// How often each MPS daemon gets a health round trip (a dead or hung one is restarted).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub mps_health_interval: std::time::Duration,
 }
 
 /// Which config file and config.

@@ -75,6 +75,10 @@ pub struct GpuFrag {
     pub whole_free: bool,
     /// MIG disabled (or not supported) and no processes.
     pub idle_without_mig: bool,
+    /// MPS client slots the GPU serves (0 without an MPS daemon).
+    pub mps_slots: u32,
+    /// Slots in use (connected MPS clients, at most `mps_slots`).
+    pub mps_slots_used: u32,
 }
 
 /// Node totals.
@@ -145,6 +149,8 @@ pub fn gpu_frag(state: &GpuState, workload: Option<&Workload>) -> GpuFrag {
         fragmented_gpus: 0.0,
         whole_free: state.instances.is_empty() && !busy,
         idle_without_mig: false,
+        mps_slots: 0,
+        mps_slots_used: 0,
     };
     if !g.mig_enabled {
         g.idle_without_mig = !busy;
@@ -187,6 +193,44 @@ pub fn gpu_frag(state: &GpuState, workload: Option<&Workload>) -> GpuFrag {
     g.unallocated_gpus = ratio(f64::from(free), f64::from(t.memory_slices));
     g.fragmented_gpus = ratio(g.expected_fragmentation_slices, f64::from(t.memory_slices));
     g
+}
+
+/// Counts an MPS GPU by its client slots: unallocated = free slots / slots; it is never a whole
+/// free GPU (its slots are what it offers), and its free slots are not fragmented (any free slot
+/// serves any slot request).
+pub fn count_mps_slots(g: &mut GpuFrag, slots: u32, used: u32) {
+    if slots == 0 {
+        return;
+    }
+    let used = used.min(slots);
+    g.mps_slots = slots;
+    g.mps_slots_used = used;
+    g.unallocated_gpus = f64::from(slots - used) / f64::from(slots);
+    g.fragmented_gpus = 0.0;
+    g.whole_free = false;
+    g.idle_without_mig = false;
+}
+
+/// Every GPU's figures, MPS GPUs counted by slots (`daemons` in `states` order; `None` where no
+/// daemon runs; shorter or empty means none).
+pub fn node_gpu_frags(
+    states: &[GpuState],
+    daemons: &[Option<crate::mps::daemon::DaemonStatus>],
+    workload: Option<&Workload>,
+) -> Vec<GpuFrag> {
+    states
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut g = gpu_frag(s, workload);
+            if let Some(Some(d)) = daemons.get(i) {
+                if let (Some(settings), true) = (d.settings, d.running()) {
+                    count_mps_slots(&mut g, settings.replicas, d.clients.len() as u32);
+                }
+            }
+            g
+        })
+        .collect()
 }
 
 /// Node totals over GPU figures.

@@ -5,8 +5,9 @@
 //! the duration histogram come from [`Instrumented`], a backend wrapper that times every change.
 
 use crate::backend::{BackendError, GpuBackend, ModeActivation};
-use crate::frag::{gpu_frag, node_frag, Workload};
+use crate::frag::{node_frag, node_gpu_frags, Workload};
 use crate::mig::Placement;
+use crate::mps::daemon::DaemonStatus;
 use crate::observed::GpuState;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -45,6 +46,12 @@ pub struct Metrics {
     workload: G,
     node: G,
     collect: G,
+    mps_up: G,
+    mps_clients: G,
+    mps_slots: G,
+    mps_thread_pct: G,
+    mps_mem_limit: G,
+    mps_restarts: Family<Labels, Counter>,
     reconfigurations: Family<Labels, Counter>,
     durations: Family<Labels, Histogram>,
     nvml_errors: Family<Labels, Counter>,
@@ -91,6 +98,19 @@ impl Metrics {
             g(&mut r, "target_workload_weight", "Weight of each profile in the workload mix used for fragmentation");
         let node = g(&mut r, "node", "Node fragmentation figures by quantity");
         let collect = g(&mut r, "last_collect", "Last collection: success (0/1), duration_seconds, timestamp_seconds");
+        let mps_up = g(&mut r, "mps_daemon_up", "1 while the GPU's MPS control daemon answers its health round trip");
+        let mps_clients = g(&mut r, "mps_clients", "Clients connected to the GPU's MPS server");
+        let mps_slots = g(&mut r, "mps_slots", "MPS client slots by state (total; in_use = connected clients)");
+        let mps_thread_pct =
+            g(&mut r, "mps_slot_active_thread_percentage", "Default active thread percentage of each MPS client");
+        let mps_mem_limit =
+            g(&mut r, "mps_slot_pinned_memory_limit_bytes", "Default pinned device memory limit of each MPS client");
+        let mps_restarts = Family::<Labels, Counter>::default();
+        r.register(
+            "mps_daemon_restarts",
+            "MPS daemons restarted after they died or hung, by result",
+            mps_restarts.clone(),
+        );
         let reconfigurations = Family::<Labels, Counter>::default();
         r.register("reconfigurations", "GPU changes by kind and result", reconfigurations.clone());
         let durations = Family::<Labels, Histogram>::new_with_constructor(|| {
@@ -117,6 +137,12 @@ impl Metrics {
             workload,
             node,
             collect,
+            mps_up,
+            mps_clients,
+            mps_slots,
+            mps_thread_pct,
+            mps_mem_limit,
+            mps_restarts,
             reconfigurations,
             durations,
             nvml_errors,
@@ -175,9 +201,27 @@ impl Metrics {
         self.collect.get_or_create(&l(&[("quantity", "duration_seconds")])).set(duration);
     }
 
-    /// Replaces every gauge with the figures of `states`.
+    /// Counts one restart of an MPS daemon.
+    pub fn mps_restarted(&self, uuid: &str, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.mps_restarts.get_or_create(&l(&[("uuid", uuid), ("result", result)])).inc();
+    }
+
+    /// Replaces every gauge with the figures of `states` (no MPS daemons).
     pub fn update(&self, states: &[GpuState], workload: Option<&Workload>, duration: f64) {
-        let frags: Vec<_> = states.iter().map(|s| gpu_frag(s, workload)).collect();
+        self.update_with_mps(states, &[], workload, duration);
+    }
+
+    /// Replaces every gauge with the figures of `states` and their MPS daemons (`daemons` in
+    /// `states` order, `None` where none runs).
+    pub fn update_with_mps(
+        &self,
+        states: &[GpuState],
+        daemons: &[Option<DaemonStatus>],
+        workload: Option<&Workload>,
+        duration: f64,
+    ) {
+        let frags = node_gpu_frags(states, daemons, workload);
         let node = node_frag(&frags);
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         for f in [
@@ -195,8 +239,18 @@ impl Metrics {
             &self.gpu_frag_ratio,
             &self.workload,
             &self.node,
+            &self.mps_up,
+            &self.mps_clients,
+            &self.mps_slots,
+            &self.mps_thread_pct,
+            &self.mps_mem_limit,
         ] {
             f.clear();
+        }
+        for (s, d) in states.iter().zip(daemons) {
+            if let Some(d) = d {
+                self.set_mps(&s.info.uuid, d);
+            }
         }
         for (s, f) in states.iter().zip(&frags) {
             let uuid = s.info.uuid.as_str();
@@ -210,7 +264,13 @@ impl Metrics {
                     ("UUID", uuid),
                 ]))
                 .set(1.0);
-            let mode = if f.mig_enabled { "mig" } else { "none" };
+            let mode = if f.mig_enabled {
+                "mig"
+            } else if f.mps_slots > 0 {
+                "mps"
+            } else {
+                "none"
+            };
             self.partition_mode.get_or_create(&l(&[("uuid", uuid), ("mode", mode)])).set(1.0);
             if !s.info.mig_capable {
                 continue;
@@ -276,6 +336,23 @@ impl Metrics {
         self.collect.get_or_create(&l(&[("quantity", "success")])).set(1.0);
         self.collect.get_or_create(&l(&[("quantity", "duration_seconds")])).set(duration);
         self.collect.get_or_create(&l(&[("quantity", "timestamp_seconds")])).set(now);
+    }
+
+    /// One GPU's MPS gauges (under the update lock).
+    fn set_mps(&self, uuid: &str, d: &DaemonStatus) {
+        let up = if d.up { 1.0 } else { 0.0 };
+        self.mps_up.get_or_create(&l(&[("uuid", uuid)])).set(up);
+        self.mps_clients.get_or_create(&l(&[("uuid", uuid)])).set(d.clients.len() as f64);
+        let Some(s) = d.settings else { return };
+        let in_use = d.clients.len().min(s.replicas as usize) as f64;
+        self.mps_slots.get_or_create(&l(&[("uuid", uuid), ("state", "total")])).set(f64::from(s.replicas));
+        self.mps_slots.get_or_create(&l(&[("uuid", uuid), ("state", "in_use")])).set(in_use);
+        if let Some(p) = s.active_thread_percentage {
+            self.mps_thread_pct.get_or_create(&l(&[("uuid", uuid)])).set(f64::from(p));
+        }
+        if let Some(m) = s.pinned_memory_limit_mib {
+            self.mps_mem_limit.get_or_create(&l(&[("uuid", uuid)])).set((m * 1024 * 1024) as f64);
+        }
     }
 
     fn record(&self, kind: &str, started: Instant, result: &Result<(), &BackendError>) {

@@ -77,6 +77,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     let _lock = lock::NodeLock::acquire(&a.lock_file)?;
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let raw: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
+    let mps = crate::mps::Mps::from_args(g);
     let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     runtime.block_on(async move {
@@ -125,7 +126,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
-        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries };
+        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps };
         async_main(a.clone(), mode, backend, outputs, tx, rx).await
     })
 }
@@ -164,6 +165,7 @@ struct Outputs {
     metrics: Arc<crate::metrics::Metrics>,
     reporter: Arc<dyn Reporter>,
     summaries: Option<KubeReporter>,
+    mps: crate::mps::Mps,
 }
 
 async fn async_main(
@@ -174,7 +176,7 @@ async fn async_main(
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
-    let Outputs { metrics, reporter, summaries } = outputs;
+    let Outputs { metrics, reporter, summaries, mps } = outputs;
     let health = Arc::new(Health::default());
     health.beat();
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
@@ -189,7 +191,8 @@ async fn async_main(
     let collect_now = Arc::new(tokio::sync::Notify::new());
     spawn_collector(
         backend.clone(),
-        metrics,
+        metrics.clone(),
+        mps.clone(),
         summaries,
         collect_now.clone(),
         a.config_file.clone(),
@@ -215,21 +218,39 @@ async fn async_main(
     };
     let seed = u64::from(std::process::id()) ^ 0x9E37_79B9;
     let mut backoff = Backoff::new(a.retry_min, a.retry_max, seed);
-    let mut wait = Duration::ZERO;
+    let mut deadline = tokio::time::Instant::now();
+    let supervisor = Arc::new(std::sync::Mutex::new(crate::mps::supervise::Supervisor::default()));
+    let mut health_tick = tokio::time::interval(a.mps_health_interval.max(Duration::from_millis(50)));
+    health_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_status: Option<status::AgentStatus> = None;
+    let mut degraded = false;
+    let supervision = Supervision {
+        supervisor: supervisor.clone(),
+        mps: mps.clone(),
+        backend: backend.clone(),
+        metrics: metrics.clone(),
+        reporter: reporter.clone(),
+        collect_now: collect_now.clone(),
+    };
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep_until(deadline) => {}
             wake = rx.recv() => {
                 if matches!(wake, Some(Wake::Shutdown) | None) {
+                    // MPS daemons stay: their clients keep their server across agent restarts.
                     tracing::info!("shutting down");
                     return Ok(ExitCode::SUCCESS);
                 }
+            }
+            _ = health_tick.tick() => {
+                degraded = supervise(&supervision, last_status.as_ref(), degraded).await;
+                continue;
             }
         }
         health.beat();
         let Some((desired, forced)) = read_desired(&mode, &a) else {
             tracing::info!("waiting for the node to be seen");
-            wait = Duration::from_secs(1);
+            deadline = tokio::time::Instant::now() + Duration::from_secs(1);
             continue;
         };
         let (b, r) = (backend.clone(), reporter.clone());
@@ -239,17 +260,23 @@ async fn async_main(
         };
         let mut run_settings = settings;
         run_settings.force |= forced;
+        let m = mps.clone();
         let result = tokio::task::spawn_blocking(move || {
             let c = clients.as_deref().map(|c| c as &dyn reconcile::Clients);
-            reconcile(b.as_ref(), &desired, run_settings, c, &mut |pending| r.publish(pending))
+            reconcile(b.as_ref(), &desired, run_settings, c, Some(&m), &mut |pending| r.publish(pending))
         })
         .await
         .context("the reconcile task panicked")?;
+        if let Some(serving) = &result.serving {
+            supervisor.lock().unwrap_or_else(|e| e.into_inner()).watch(serving.clone());
+        } else if result.status.state == Phase::Idle {
+            supervisor.lock().unwrap_or_else(|e| e.into_inner()).watch(Vec::new());
+        }
         if forced && result.status.state != Phase::Idle {
             clear_force(&mode).await;
         }
         let mut status = result.status;
-        wait = if status.state == Phase::Failed && result.retry {
+        let wait = if status.state == Phase::Failed && result.retry {
             let d = backoff.next_delay();
             status.attempts = backoff.attempts();
             status.next_retry_secs = Some(d.as_secs().max(1));
@@ -266,7 +293,10 @@ async fn async_main(
         if status.state == Phase::Success {
             let _ = std::fs::remove_file(&a.reboot_guard);
         }
+        deadline = tokio::time::Instant::now() + wait;
         reporter.publish(&status);
+        last_status = Some(status.clone());
+        degraded = false;
         collect_now.notify_one();
         health.set_ready();
         health.beat();
@@ -276,10 +306,75 @@ async fn async_main(
     }
 }
 
+/// What the MPS health check works with.
+struct Supervision {
+    supervisor: Arc<std::sync::Mutex<crate::mps::supervise::Supervisor>>,
+    mps: crate::mps::Mps,
+    backend: Arc<dyn GpuBackend>,
+    metrics: Arc<crate::metrics::Metrics>,
+    reporter: Arc<dyn Reporter>,
+    collect_now: Arc<tokio::sync::Notify>,
+}
+
+/// One health check of the MPS daemons under watch (on a blocking thread): restarts are
+/// counted and announced as Events; while a daemon cannot be restarted the state is `failed`
+/// (its reason says why), and once every daemon is back it returns to the last reconcile's
+/// status. Returns whether the node is degraded now.
+async fn supervise(ctx: &Supervision, base: Option<&status::AgentStatus>, degraded: bool) -> bool {
+    let Supervision { supervisor, mps, backend, metrics, reporter, collect_now } = ctx;
+    let (sv, m, b) = (supervisor.clone(), mps.clone(), backend.clone());
+    let checked = tokio::task::spawn_blocking(move || {
+        let mut sv = sv.lock().unwrap_or_else(|e| e.into_inner());
+        if sv.watched().next().is_none() {
+            return (Vec::new(), Vec::new());
+        }
+        let restarts = sv.check(&m, b.as_ref(), std::time::Instant::now());
+        (restarts, sv.failing())
+    })
+    .await;
+    let Ok((restarts, failing)) = checked else { return degraded };
+    for r in &restarts {
+        metrics.mps_restarted(&r.uuid, r.result.is_ok());
+    }
+    if !restarts.is_empty() {
+        collect_now.notify_one();
+    }
+    // Only a node whose last reconcile succeeded is reported from here; a failed reconcile's
+    // status (and its retries) stays as it is.
+    let Some(base) = base.filter(|s| s.state == Phase::Success) else { return degraded };
+    let now_degraded = !failing.is_empty();
+    for r in &restarts {
+        let head = format!("GPU {} ({}, {})", r.gpu, r.model, r.uuid);
+        let mut st = base.clone();
+        let notice = match &r.result {
+            Ok(pid) => {
+                let note =
+                    format!("{head}: MPS daemon restarted as pid {pid} in {} ms ({})", r.took.as_millis(), r.why);
+                st.reason = format!("{}; {note}", base.reason);
+                report::Notice { type_: "Normal", reason: "MpsDaemonRestarted", note }
+            }
+            Err(e) => {
+                let note = format!("{head}: MPS daemon down ({}); restart failed: {e}", r.why);
+                st.reason = note.clone();
+                report::Notice { type_: "Warning", reason: "MpsDaemonRestartFailed", note }
+            }
+        };
+        if now_degraded {
+            st.state = Phase::Failed;
+        }
+        reporter.publish_notice(&st, &notice);
+    }
+    if restarts.is_empty() && degraded && !now_degraded {
+        reporter.publish(base);
+    }
+    now_degraded
+}
+
 /// Refreshes the metrics snapshot after every reconcile and every `every`; a scrape only renders it.
 fn spawn_collector(
     backend: Arc<dyn GpuBackend>,
     metrics: Arc<crate::metrics::Metrics>,
+    mps: crate::mps::Mps,
     summaries: Option<KubeReporter>,
     now: Arc<tokio::sync::Notify>,
     config: std::path::PathBuf,
@@ -288,6 +383,7 @@ fn spawn_collector(
     tokio::spawn(async move {
         loop {
             let (b, m, c, sink) = (backend.clone(), metrics.clone(), config.clone(), summaries.clone());
+            let mps = mps.clone();
             let _ = tokio::task::spawn_blocking(move || {
                 let t = std::time::Instant::now();
                 let workload = std::fs::read_to_string(&c)
@@ -296,13 +392,14 @@ fn spawn_collector(
                     .map(|f| crate::frag::Workload { weights: f.workload });
                 match b.observe_all() {
                     Ok(states) => {
-                        m.update(&states, workload.as_ref(), t.elapsed().as_secs_f64());
+                        let daemons: Vec<_> = states.iter().map(|s| mps.observe(s)).collect();
+                        m.update_with_mps(&states, &daemons, workload.as_ref(), t.elapsed().as_secs_f64());
                         if let Some(sink) = sink {
-                            let frags: Vec<_> =
-                                states.iter().map(|s| crate::frag::gpu_frag(s, workload.as_ref())).collect();
+                            let frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
                             let node = crate::frag::node_frag(&frags);
                             let configured = workload.as_ref().is_some_and(|w| !w.weights.is_empty());
-                            sink.publish_summary(crate::kube::summary::summarize(&states, &frags, &node, configured));
+                            let summary = crate::kube::summary::summarize(&states, &frags, &node, configured);
+                            sink.publish_summary(summary);
                         }
                     }
                     Err(e) => {

@@ -5,7 +5,10 @@
 use super::status::{AgentStatus, Phase};
 use crate::backend::GpuBackend;
 use crate::exec::{ExecError, ExecOptions, Outcome};
+use crate::mps::supervise::Watch;
+use crate::mps::{Action, Mps, Want};
 use crate::prepare::prepare;
+use crate::reconfigure::{execute_node, plan_mps};
 use std::time::Instant;
 
 /// What the agent was asked to do.
@@ -43,10 +46,12 @@ pub struct Reconciled {
     pub status: AgentStatus,
     /// Whether retrying the same input may succeed (busy GPU, NVML error) as opposed to bad input.
     pub retry: bool,
+    /// The GPUs that serve MPS after this reconcile (`None` when it ended before planning).
+    pub serving: Option<Vec<Watch>>,
 }
 
 fn failed(layout: &Option<String>, reason: String, retry: bool) -> Reconciled {
-    Reconciled { status: AgentStatus::new(Phase::Failed, layout.clone(), reason), retry }
+    Reconciled { status: AgentStatus::new(Phase::Failed, layout.clone(), reason), retry, serving: None }
 }
 
 /// Runs one reconcile.
@@ -55,10 +60,15 @@ pub fn reconcile(
     desired: &Desired,
     s: Settings,
     clients: Option<&dyn Clients>,
+    mps: Option<&Mps>,
     on_pending: &mut dyn FnMut(&AgentStatus),
 ) -> Reconciled {
     let Some(name) = &desired.layout else {
-        return Reconciled { status: AgentStatus::new(Phase::Idle, None, "no layout requested"), retry: false };
+        return Reconciled {
+            status: AgentStatus::new(Phase::Idle, None, "no layout requested"),
+            retry: false,
+            serving: None,
+        };
     };
     let layout = &desired.layout;
     let text = match &desired.config {
@@ -92,6 +102,23 @@ pub fn reconcile(
             false,
         );
     }
+    let mps_plans = match plan_mps(mps, &jobs, s.force) {
+        Ok(p) => p,
+        Err(e) => return failed(layout, e.problems.join("; "), true),
+    };
+    let serving: Vec<Watch> = jobs
+        .iter()
+        .filter_map(|j| match crate::mps::node::want(j) {
+            Want::Serve(settings) => Some(Watch {
+                gpu: j.state.info.index,
+                uuid: j.state.info.uuid.clone(),
+                model: j.state.info.model.clone(),
+                settings,
+                limits: crate::mps::settings::is_volta_or_newer(&j.state.info),
+            }),
+            _ => None,
+        })
+        .collect();
     let (kept, destroyed, created) = jobs
         .iter()
         .filter_map(|j| j.plan.as_ref())
@@ -100,14 +127,26 @@ pub fn reconcile(
         (st.kept, st.destroyed, st.created, st.duration_ms) = (kept, destroyed, created, ms);
         st
     };
-    if jobs.iter().all(|j| j.is_noop()) {
+    let done = |status: AgentStatus, retry: bool| Reconciled { status, retry, serving: Some(serving.clone()) };
+    if jobs.iter().all(|j| j.is_noop()) && mps_plans.iter().all(|p| !p.action.changes()) {
         let st = AgentStatus::new(Phase::Success, layout.clone(), format!("layout '{name}' is applied"));
-        return Reconciled { status: with_counts(st, 0), retry: false };
+        return done(with_counts(st, 0), false);
     }
+    let count = |f: fn(&Action) -> bool| mps_plans.iter().filter(|p| f(&p.action)).count();
+    let (starts, restarts, stops) = (
+        count(|a| matches!(a, Action::Start)),
+        count(|a| matches!(a, Action::Restart(_))),
+        count(|a| matches!(a, Action::Stop)),
+    );
+    let mps_part = if starts + restarts + stops > 0 {
+        format!("; start {starts}, restart {restarts}, stop {stops} MPS daemons")
+    } else {
+        String::new()
+    };
     let pending = AgentStatus::new(
         Phase::Pending,
         layout.clone(),
-        format!("applying '{name}': keep {kept}, destroy {destroyed}, create {created} GPU instances"),
+        format!("applying '{name}': keep {kept}, destroy {destroyed}, create {created} GPU instances{mps_part}"),
     );
     on_pending(&with_counts(pending, 0));
     let start = Instant::now();
@@ -117,7 +156,7 @@ pub fn reconcile(
             return failed(layout, format!("GPU clients did not stop, nothing was changed: {why}"), true);
         }
     }
-    let reports = crate::exec::execute(backend, &jobs, s.exec);
+    let (reports, mps_reports) = execute_node(backend, &jobs, mps.map(|m| (m, mps_plans.as_slice())), s.exec);
     if let Some(c) = clients {
         c.resume();
     }
@@ -129,20 +168,22 @@ pub fn reconcile(
             _ => None,
         })
         .collect();
-    if errors.is_empty() {
+    let mps_errors: Vec<String> = mps_reports
+        .iter()
+        .filter_map(|r| r.error.as_ref().map(|e| format!("GPU {}: MPS daemon: {e}", r.gpu)))
+        .collect();
+    if errors.is_empty() && mps_errors.is_empty() {
         let st = AgentStatus::new(Phase::Success, layout.clone(), format!("applied '{name}' in {ms} ms"));
-        return Reconciled { status: with_counts(st, ms), retry: false };
+        return done(with_counts(st, ms), false);
     }
-    let reason = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+    let reason =
+        errors.iter().map(ToString::to_string).chain(mps_errors.iter().cloned()).collect::<Vec<_>>().join("; ");
     if errors.iter().any(|e| matches!(e, ExecError::RebootRequired { .. })) {
         if s.allow_reboot {
             let st = AgentStatus::new(Phase::Rebooting, layout.clone(), reason);
-            return Reconciled { status: with_counts(st, ms), retry: false };
+            return done(with_counts(st, ms), false);
         }
-        return Reconciled {
-            status: with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms),
-            retry: false,
-        };
+        return done(with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms), false);
     }
-    Reconciled { status: with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms), retry: true }
+    done(with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms), true)
 }

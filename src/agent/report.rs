@@ -4,10 +4,26 @@
 use super::status::{AgentStatus, Phase};
 use std::path::PathBuf;
 
+/// An event about something other than a reconfiguration (an MPS daemon restarted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// `Normal` or `Warning`.
+    pub type_: &'static str,
+    /// CamelCase reason (`MpsDaemonRestarted`).
+    pub reason: &'static str,
+    /// One line for people.
+    pub note: String,
+}
+
 /// Publishes agent state; called from the reconcile thread, so implementations must not block long.
 pub trait Reporter: Send + Sync {
     /// Publishes a new status.
     fn publish(&self, status: &AgentStatus);
+    /// Publishes a status together with a notice that replaces the transition's own Event.
+    fn publish_notice(&self, status: &AgentStatus, notice: &Notice) {
+        let _ = notice;
+        self.publish(status);
+    }
 }
 
 /// Writes the status as JSON to a file, atomically (temporary file + rename).
@@ -38,6 +54,14 @@ impl Reporter for StatusFile {
 pub struct LogAndNotify;
 
 impl Reporter for LogAndNotify {
+    fn publish_notice(&self, status: &AgentStatus, n: &Notice) {
+        match n.type_ {
+            "Warning" => tracing::warn!(reason = n.reason, note = %n.note, "event"),
+            _ => tracing::info!(reason = n.reason, note = %n.note, "event"),
+        }
+        self.publish(status);
+    }
+
     fn publish(&self, s: &AgentStatus) {
         let layout = s.layout.as_deref().unwrap_or("-");
         match s.state {
@@ -56,6 +80,12 @@ impl Reporter for Fanout {
     fn publish(&self, status: &AgentStatus) {
         for r in &self.0 {
             r.publish(status);
+        }
+    }
+
+    fn publish_notice(&self, status: &AgentStatus, notice: &Notice) {
+        for r in &self.0 {
+            r.publish_notice(status, notice);
         }
     }
 }

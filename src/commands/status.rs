@@ -74,14 +74,10 @@ pub struct MpsStatus {
     pub error: Option<String>,
 }
 
-/// The MPS part of `status` for one GPU: `None` when no daemon runs and none was configured.
-pub fn mps_status(mps: &crate::mps::Mps, state: &GpuState) -> Option<MpsStatus> {
+/// The MPS part of `status` for one GPU, from its daemon as read.
+pub fn mps_status(mps: &crate::mps::Mps, state: &GpuState, st: crate::mps::daemon::DaemonStatus) -> MpsStatus {
     let paths = mps.paths(&state.info.uuid);
-    if !paths.pid_file().exists() && !paths.dir.join(crate::mps::daemon::SETTINGS_FILE).exists() {
-        return None;
-    }
-    let st = mps.probe(state);
-    Some(MpsStatus {
+    MpsStatus {
         pid: st.pid,
         up: st.up,
         replicas: st.settings.map(|s| s.replicas),
@@ -91,7 +87,7 @@ pub fn mps_status(mps: &crate::mps::Mps, state: &GpuState) -> Option<MpsStatus> 
         clients: st.clients,
         pipe_directory: paths.pipe().display().to_string(),
         error: st.error,
-    })
+    }
 }
 
 /// One MIG device in `status -o json`.
@@ -132,9 +128,12 @@ pub struct FreeStatus {
 
 /// Builds the status document from observed GPUs (and their MPS daemons, when `mps` is given).
 pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusDoc {
+    let daemons: Vec<_> = states.iter().map(|s| mps.and_then(|m| m.observe(s))).collect();
+    let frags = crate::frag::node_gpu_frags(states, &daemons, None);
     let gpus = states
         .iter()
-        .map(|s| {
+        .zip(daemons.into_iter().zip(frags))
+        .map(|(s, (daemon, fragmentation))| {
             let mut instances = Vec::new();
             for gi in &s.instances {
                 let gi_name = s.gi_name(gi);
@@ -191,9 +190,9 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
                 instances,
                 free,
                 processes: s.processes.clone(),
-                fragmentation: crate::frag::gpu_frag(s, None),
+                fragmentation,
                 compute_mode: s.compute_mode,
-                mps: mps.and_then(|m| mps_status(m, s)),
+                mps: mps.zip(daemon).map(|(m, d)| mps_status(m, s, d)),
             }
         })
         .collect();

@@ -5,7 +5,7 @@
 
 use super::keys::{FIELD_MANAGER, STATE_LABEL, STATE_LAYOUT, STATE_REASON};
 use super::summary::Summary;
-use crate::agent::report::Reporter;
+use crate::agent::report::{Notice, Reporter};
 use crate::agent::status::{AgentStatus, Phase};
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 /// What the publisher task is told.
 enum Update {
-    Status(AgentStatus),
+    Status(AgentStatus, Option<Notice>),
     Summary(Summary),
 }
 
@@ -74,16 +74,20 @@ impl KubeReporter {
                 };
                 match update {
                     // In order, so every transition (pending → success/failed) is visible.
-                    Some(Update::Status(status))
+                    Some(Update::Status(status, notice))
                         if status.state != Phase::Idle && last.as_ref() != Some(&key(&status)) =>
                     {
                         owned.state = Some(status.clone());
                         apply(&api, &node, &owned, &prefix).await;
-                        event(&recorder, &reference, &status).await;
+                        match notice {
+                            Some(n) => notify(&recorder, &reference, &n).await,
+                            None => event(&recorder, &reference, &status).await,
+                        }
                         last = Some(key(&status));
                     }
+                    Some(Update::Status(_, Some(n))) => notify(&recorder, &reference, &n).await,
                     Some(Update::Summary(s)) => deferred = Some(s),
-                    Some(Update::Status(_)) | None => {}
+                    Some(Update::Status(_, None)) | None => {}
                 }
                 let due = last_summary_write.is_none_or(|t| t.elapsed() >= min_interval);
                 let next = if due { deferred.take() } else { None };
@@ -197,6 +201,12 @@ async fn event(recorder: &Events, reference: &ObjectReference, status: &AgentSta
     }
 }
 
+async fn notify(recorder: &Events, reference: &ObjectReference, n: &Notice) {
+    if let Err(e) = recorder.publish(n.type_, n.reason, truncate(&n.note, 1000), reference).await {
+        tracing::warn!(error = %e, "recording the event failed");
+    }
+}
+
 impl KubeReporter {
     /// Publishes a node summary (applied only when it differs from the last one, rate-limited).
     pub fn publish_summary(&self, summary: Summary) {
@@ -206,6 +216,10 @@ impl KubeReporter {
 
 impl Reporter for KubeReporter {
     fn publish(&self, status: &AgentStatus) {
-        let _ = self.tx.send(Update::Status(status.clone()));
+        let _ = self.tx.send(Update::Status(status.clone(), None));
+    }
+
+    fn publish_notice(&self, status: &AgentStatus, notice: &Notice) {
+        let _ = self.tx.send(Update::Status(status.clone(), Some(notice.clone())));
     }
 }

@@ -31,9 +31,18 @@ pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, config
                 .collect();
             let creatable: BTreeMap<&str, u32> =
                 f.profiles.iter().filter(|p| p.creatable > 0).map(|p| (p.profile.as_str(), p.creatable)).collect();
-            let mode = if f.mig_enabled { "mig" } else { "none" };
+            let mode = if f.mig_enabled {
+                "mig"
+            } else if f.mps_slots > 0 {
+                "mps"
+            } else {
+                "none"
+            };
             let mut g = json!({"i": s.info.index, "uuid": s.info.uuid, "model": s.info.model, "mode": mode});
-            if f.mig_enabled {
+            if f.mps_slots > 0 {
+                g["slots"] = json!(f.mps_slots);
+                g["slotsUsed"] = json!(f.mps_slots_used);
+            } else if f.mig_enabled {
                 g["layout"] = json!(layout);
                 g["creatable"] = json!(creatable);
                 g["largest"] = json!(f.largest_creatable.as_deref().unwrap_or("none"));
@@ -52,8 +61,12 @@ pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, config
         "wholeFreeGpus": node.whole_free_gpus,
         "workload": if configured_workload { "config" } else { "uniform-base-profiles" },
     });
+    let mut labels = BTreeMap::from([("free-full-gpus".to_string(), (node.whole_free_gpus > 0).to_string())]);
+    if frags.iter().any(|f| f.mps_slots > 0) {
+        labels.insert("mps".to_string(), "true".to_string());
+    }
     Summary {
-        labels: BTreeMap::from([("free-full-gpus".to_string(), (node.whole_free_gpus > 0).to_string())]),
+        labels,
         annotations: BTreeMap::from([
             ("gpus".to_string(), serde_json::to_string(&gpus).unwrap_or_default()),
             ("fragmentation".to_string(), fragmentation.to_string()),

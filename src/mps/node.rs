@@ -171,6 +171,13 @@ impl Mps {
         daemon::probe(self.control.as_ref(), &self.paths(&job_state.info.uuid), is_volta_or_newer(&job_state.info))
     }
 
+    /// A GPU's daemon for reports: `None` when none runs and gpupart configured none there.
+    pub fn observe(&self, state: &crate::observed::GpuState) -> Option<DaemonStatus> {
+        let paths = self.paths(&state.info.uuid);
+        let known = paths.pid_file().exists() || paths.dir.join(daemon::SETTINGS_FILE).exists();
+        known.then(|| self.probe(state))
+    }
+
     /// Plans every GPU; the problems are the GPUs whose busy daemon is in the way.
     pub fn plan(&self, jobs: &[Job], force: bool) -> Result<Vec<GpuMps>, Vec<String>> {
         let mut out = Vec::new();

@@ -31,17 +31,21 @@ pub fn free_port() -> u16 {
 
 /// Starts an agent on `node` following `layout`, with `extra` arguments.
 pub fn start(node: &Node, layout: &Path, extra: &[&str]) -> Agent {
+    start_with(node, &example_config(), layout, extra)
+}
+
+/// Starts an agent on `node` with config file `cfg`, following `layout`.
+pub fn start_with(node: &Node, cfg: &str, layout: &Path, extra: &[&str]) -> Agent {
     let port = free_port();
     let status = node.dir.path().join("status.json");
     let lock = node.dir.path().join("agent.lock");
     let guard = node.dir.path().join("reboot-guard");
-    let cfg = example_config();
     let addr = format!("127.0.0.1:{port}");
     let mut args = vec![
         "agent",
         "--no-kube",
         "-f",
-        &cfg,
+        cfg,
         "--layout-file",
         layout.to_str().unwrap(),
         "--status-file",

@@ -208,6 +208,13 @@ impl Node {
         log.lines().filter_map(|l| l.split_once("Cmd:").map(|(_, c)| c.to_string())).collect()
     }
 
+    /// The commands the current daemon of GPU `uuid` received since it started.
+    pub fn mps_commands_since_start(&self, uuid: &str) -> Vec<String> {
+        let log = std::fs::read_to_string(self.mps_dir(uuid).join("log/control.log")).unwrap_or_default();
+        let from = log.rfind("Starting control daemon").unwrap_or(0);
+        log[from..].lines().filter_map(|l| l.split_once("Cmd:").map(|(_, c)| c.to_string())).collect()
+    }
+
     /// The pid in GPU `uuid`'s daemon pid file.
     pub fn mps_pid(&self, uuid: &str) -> Option<u32> {
         std::fs::read_to_string(self.mps_dir(uuid).join("pipe/nvidia-cuda-mps-control.pid")).ok()?.trim().parse().ok()

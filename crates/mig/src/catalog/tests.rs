@@ -27,7 +27,7 @@ fn derived_names_match_nvidia_configs() {
 #[test]
 fn every_model_is_consistent() {
     let ids: BTreeSet<_> = models().map(|m| m.id.to_ascii_lowercase()).collect();
-    assert_eq!(ids.len(), 15);
+    assert_eq!(ids.len(), 16);
     for m in models() {
         assert_eq!(m.pci_device_id & 0xFFFF, 0x10DE, "{}", m.id);
         assert_eq!(lookup(&m.id.to_ascii_lowercase()).unwrap().id, m.id);
