@@ -196,6 +196,16 @@ pub struct AgentArgs {
     /// GPUs reconfigured at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub parallel: u32,
+    /// The kubelet's device-plugin directory (Kubernetes mode): the MPS slot plugin registers
+    /// on its `kubelet.sock` and serves `gpupart-mps.sock` there.
+    #[arg(long, value_name = "DIR", default_value = crate::kubelet::device_plugin::DEFAULT_DIR)]
+    pub device_plugin_dir: std::path::PathBuf,
+    /// Extended resource name of the MPS slots.
+    #[arg(long, value_name = "NAME", default_value = crate::kubelet::device_plugin::DEFAULT_RESOURCE)]
+    pub mps_resource: String,
+    /// How long slots removed by a layout change stay advertised as unhealthy before they go.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub slot_retire_grace: std::time::Duration,
     /// How often each MPS daemon gets a health round trip (a dead or hung one is restarted).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub mps_health_interval: std::time::Duration,

@@ -16,6 +16,7 @@ pub mod frag;
 pub mod hooks;
 pub mod http;
 pub mod kube;
+pub mod kubelet;
 pub mod layout;
 pub mod logging;
 pub mod metrics;

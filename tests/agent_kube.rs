@@ -4,9 +4,9 @@
 #[macro_use]
 mod support;
 
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use support::apiserver::ApiServer;
+use support::kube_agent::{reason, start, start_with, wait_event, wait_state, LAYOUT, NODE, STATE};
 use support::{example_config, Backend, Node};
 
 on_both_backends!(
@@ -31,102 +31,6 @@ fn absent_label_changes_nothing_and_foreign_layouts_fail(b: Backend) {
     wait_state(&api, "failed", "all-balanced");
     assert!(reason(&api).contains("has no entry for this node's GPUs (A30-24GB, V100-SXM2-16GB)"), "{}", reason(&api));
     assert_eq!(node.load(), before);
-}
-
-const NODE: &str = "gpu-node-1";
-const LAYOUT: &str = "nvidia.com/mig.config";
-const STATE: &str = "nvidia.com/mig.config.state";
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(node: &Node, api: &ApiServer, extra: &[&str]) -> Agent {
-    start_with(node, api, extra, &[])
-}
-
-/// Starts the agent against `api` with `extra` arguments and environment.
-fn start_with(node: &Node, api: &ApiServer, extra: &[&str], env: &[(&str, &str)]) -> Agent {
-    let kubeconfig = api.kubeconfig(node.dir.path());
-    let lock = node.dir.path().join("agent.lock");
-    let guard = node.dir.path().join("guard");
-    let cfg = example_config();
-    let mut args = vec![
-        "agent",
-        "-f",
-        &cfg,
-        "--node-name",
-        NODE,
-        "--lock-file",
-        lock.to_str().unwrap(),
-        "--reboot-guard",
-        guard.to_str().unwrap(),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--retry-min",
-        "100ms",
-        "--retry-max",
-        "500ms",
-        "--poll-interval",
-        "200ms",
-    ];
-    args.extend_from_slice(extra);
-    let mut env = env.to_vec();
-    env.push(("KUBECONFIG", kubeconfig.to_str().unwrap()));
-    let child = node.command(&args, &env).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    Agent(child)
-}
-
-/// Waits until the state label is `state` and the reported layout is `layout`.
-fn wait_state(api: &ApiServer, state: &str, layout: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        {
-            let s = api.state();
-            if s.labels.get(STATE).map(String::as_str) == Some(state)
-                && s.annotations.get("gpupart.io/state-layout").map(String::as_str) == Some(layout)
-            {
-                return;
-            }
-        }
-        if Instant::now() >= deadline {
-            let s = api.state();
-            panic!("timed out waiting for {state}/{layout}: {:?} {:?}", s.labels, s.annotations);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn reason(api: &ApiServer) -> String {
-    api.state().annotations.get("gpupart.io/state-reason").cloned().unwrap_or_default()
-}
-
-fn event_reasons(api: &ApiServer) -> Vec<String> {
-    api.state().events.iter().map(|e| e["reason"].as_str().unwrap_or_default().to_string()).collect()
-}
-
-/// Waits for an Event with `reason` whose note contains `text` (Events follow the state label).
-fn wait_event(api: &ApiServer, reason: &str, text: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let found = api
-            .state()
-            .events
-            .iter()
-            .filter(|e| e["reason"] == reason)
-            .filter_map(|e| e["note"].as_str().map(str::to_string))
-            .find(|n| n.contains(text));
-        if let Some(n) = found {
-            return n;
-        }
-        assert!(Instant::now() < deadline, "no {reason} event mentioning {text}: {:?}", event_reasons(api));
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn label_changes_reconfigure_and_report(b: Backend) {

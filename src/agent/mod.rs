@@ -87,6 +87,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
             reporters.push(Box::new(StatusFile { path: p.clone() }));
         }
         let mut summaries: Option<KubeReporter> = None;
+        let mut plugin = None;
         let mode = match file_source {
             Some(src) => Mode::File(src),
             None => {
@@ -123,10 +124,18 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                         tokio::runtime::Handle::current(),
                     ))
                 });
+                plugin = Some(crate::kubelet::device_plugin::DevicePluginHandle::spawn(
+                    crate::kubelet::device_plugin::PluginConfig {
+                        dir: a.device_plugin_dir.clone(),
+                        resource: a.mps_resource.clone(),
+                        retire_grace: a.slot_retire_grace,
+                        poll: Duration::from_millis(500),
+                    },
+                ));
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
-        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps };
+        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps, plugin };
         async_main(a.clone(), mode, backend, outputs, tx, rx).await
     })
 }
@@ -166,6 +175,7 @@ struct Outputs {
     reporter: Arc<dyn Reporter>,
     summaries: Option<KubeReporter>,
     mps: crate::mps::Mps,
+    plugin: Option<crate::kubelet::device_plugin::DevicePluginHandle>,
 }
 
 async fn async_main(
@@ -176,7 +186,7 @@ async fn async_main(
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
-    let Outputs { metrics, reporter, summaries, mps } = outputs;
+    let Outputs { metrics, reporter, summaries, mps, plugin } = outputs;
     let health = Arc::new(Health::default());
     health.beat();
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
@@ -244,6 +254,7 @@ async fn async_main(
             }
             _ = health_tick.tick() => {
                 degraded = supervise(&supervision, last_status.as_ref(), degraded).await;
+                advertise(plugin.as_ref(), &supervisor, &mps);
                 continue;
             }
         }
@@ -272,6 +283,7 @@ async fn async_main(
         } else if result.status.state == Phase::Idle {
             supervisor.lock().unwrap_or_else(|e| e.into_inner()).watch(Vec::new());
         }
+        advertise(plugin.as_ref(), &supervisor, &mps);
         if forced && result.status.state != Phase::Idle {
             clear_force(&mode).await;
         }
@@ -304,6 +316,30 @@ async fn async_main(
             reboot(&a.reboot_command);
         }
     }
+}
+
+/// Hands the device plugin the slots of every daemon under watch, with their health.
+fn advertise(
+    plugin: Option<&crate::kubelet::device_plugin::DevicePluginHandle>,
+    supervisor: &std::sync::Mutex<crate::mps::supervise::Supervisor>,
+    mps: &crate::mps::Mps,
+) {
+    let Some(plugin) = plugin else { return };
+    let health = supervisor.lock().unwrap_or_else(|e| e.into_inner()).health();
+    let gpus = health
+        .into_iter()
+        .map(|(w, healthy)| {
+            let paths = mps.paths(&w.uuid);
+            crate::kubelet::slots::SlotGpu {
+                uuid: w.uuid,
+                settings: w.settings,
+                pipe_dir: paths.pipe().display().to_string(),
+                shm_dir: paths.shm().display().to_string(),
+                healthy,
+            }
+        })
+        .collect();
+    plugin.update(gpus);
 }
 
 /// What the MPS health check works with.

@@ -37,6 +37,7 @@ struct Watched {
     failures: u32,
     next_attempt: Option<Instant>,
     last: DaemonStatus,
+    probed: bool,
 }
 
 /// What one check did about one daemon.
@@ -72,7 +73,13 @@ impl Supervisor {
         for w in daemons {
             let entry = match self.watched.remove(&w.uuid) {
                 Some(old) if old.watch == w => old,
-                _ => Watched { watch: w.clone(), failures: 0, next_attempt: None, last: DaemonStatus::default() },
+                _ => Watched {
+                    watch: w.clone(),
+                    failures: 0,
+                    next_attempt: None,
+                    last: DaemonStatus::default(),
+                    probed: false,
+                },
             };
             next.insert(w.uuid, entry);
         }
@@ -82,6 +89,12 @@ impl Supervisor {
     /// GPUs under watch.
     pub fn watched(&self) -> impl Iterator<Item = &Watch> {
         self.watched.values().map(|w| &w.watch)
+    }
+
+    /// Every daemon under watch and whether it is healthy (answering with its limits; a daemon
+    /// not checked yet counts as healthy: the reconcile that configured it just verified it).
+    pub fn health(&self) -> Vec<(Watch, bool)> {
+        self.watched.values().map(|w| (w.watch.clone(), w.failures == 0 && (!w.probed || w.last.up))).collect()
     }
 
     /// GPUs whose daemon is down and could not be restarted, with the last error.
@@ -110,6 +123,7 @@ impl Supervisor {
                 (Some(_), false, _) => format!("it does not answer: {}", st.error.clone().unwrap_or_default()),
             };
             w.last = st;
+            w.probed = true;
             if healthy {
                 w.failures = 0;
                 w.next_attempt = None;

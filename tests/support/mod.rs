@@ -4,6 +4,8 @@
 
 pub mod apiserver;
 pub mod baremetal;
+pub mod kube_agent;
+pub mod kubelet;
 
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
 macro_rules! on_both_backends {
