@@ -40,6 +40,11 @@ pub struct GlobalArgs {
     /// Longest wait for one MPS control command, a daemon's start or its quit.
     #[arg(long, global = true, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub mps_timeout: std::time::Duration,
+    /// Size of the tmpfs mounted on each GPU's MPS shm directory (the clients' /dev/shm):
+    /// `auto` (half the host memory), `0` (a plain directory), or e.g. `8G`.
+    #[arg(long, global = true, value_name = "SIZE", default_value = "auto", env = "GPUPART_MPS_SHM_SIZE",
+          value_parser = parse_shm_size)]
+    pub mps_shm_size: String,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
@@ -103,6 +108,11 @@ pub struct FragArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
     pub output: StatusFormat,
+}
+
+/// Checks `--mps-shm-size` (`0`, `auto`, `512M`, `8G`).
+fn parse_shm_size(s: &str) -> Result<String, String> {
+    crate::mps::shm::parse_size(s).map(|_| s.to_string())
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h` or a plain number of seconds.

@@ -57,8 +57,16 @@ fn daemonset_has_the_agreed_shape() {
         .unwrap()
         .iter()
         .any(|t| t["key"] == "gpu-dedicated" && t["effect"] == "NoSchedule"));
-    assert!(spec["hostPID"].is_null() && spec["hostIPC"].is_null() && spec["hostNetwork"].is_null());
+    // hostPID for the MPS daemons (they must see client pids); no other host namespace.
+    assert_eq!(spec["hostPID"], true);
+    assert!(spec["hostIPC"].is_null() && spec["hostNetwork"].is_null());
     let c = &spec["containers"][0];
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let mount = |name: &str| mounts.iter().find(|m| m["name"] == name).unwrap_or_else(|| panic!("no {name} mount"));
+    assert_eq!(mount("run")["mountPropagation"], "Bidirectional");
+    assert_eq!(mount("device-plugins")["mountPath"], "/var/lib/kubelet/device-plugins");
+    let args: Vec<&str> = c["args"].as_array().unwrap().iter().filter_map(|a| a.as_str()).collect();
+    assert!(args.contains(&"--device-plugin-dir=/var/lib/kubelet/device-plugins"), "{args:?}");
     assert_eq!(c["securityContext"]["privileged"], true);
     assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");

@@ -97,6 +97,16 @@ fn start_with_per_gpu_limits_then_adopt(b: Backend) {
     let table = node.run(&["status"]).ok().stdout;
     assert!(table.contains("mps: up (pid") && table.contains("4 slots, threads 25.0%, pinned memory 7G"), "{table}");
 
+    // Fragmentation counts an MPS GPU by its slots: one connected client uses one of four.
+    std::fs::write(node.mps_dir(&u[0]).join("pipe/fake-clients"), "111\n").unwrap();
+    let f = node.status()["gpus"][0]["fragmentation"].clone();
+    assert_eq!((f["mps_slots"].as_u64(), f["mps_slots_used"].as_u64()), (Some(4), Some(1)), "{f}");
+    assert_eq!(f["unallocated_gpus"], 0.75);
+    let frag: serde_json::Value = serde_json::from_str(&node.run(&["frag", "-o", "json"]).ok().stdout).unwrap();
+    assert_eq!(frag["node"]["unallocated_gpus"], 3.75);
+    assert_eq!(frag["node"]["whole_free_gpus"], 0);
+    std::fs::remove_file(node.mps_dir(&u[0]).join("pipe/fake-clients")).unwrap();
+
     // Applying again adopts every daemon: same pids, no new set_* commands.
     let pids: Vec<_> = u.iter().map(|x| node.mps_pid(x)).collect();
     let again = node.apply(&cfg, "mps");
@@ -264,4 +274,35 @@ fn refusals_change_nothing(b: Backend) {
     let u = uuids(&node);
     assert!(node.mps_commands(&u[0]).iter().all(|c| !c.starts_with("set_")), "{:?}", node.mps_commands(&u[0]));
     assert_eq!(node.status()["gpus"][0]["mps"]["replicas"], 16);
+}
+
+/// The clients' /dev/shm is a tmpfs of `--mps-shm-size`, mounted at start and unmounted at stop
+/// (where this process may not mount, the agent says so and uses a plain directory).
+#[test]
+fn shm_is_a_sized_tmpfs_while_the_daemon_runs() {
+    let node = Node::new("T4-16GB:1");
+    let text = "version: v1\nmig-configs:\n  on:\n    - devices: all\n      mig-enabled: false\n      mps: {replicas: 2}\n  off:\n    - devices: all\n      mig-enabled: false\n";
+    let cfg2 = node.config("t4.yaml", text);
+    let out = node.run_env(&["apply", "-f", &cfg2, "-c", "on"], &[("GPUPART_MPS_SHM_SIZE", "64M")]).ok();
+    let shm = node.mps_dir(&uuids(&node)[0]).join("shm");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = mounts.lines().find(|l| l.split_whitespace().nth(1) == Some(shm.to_str().unwrap()));
+    match line {
+        Some(l) => assert!(l.starts_with("tmpfs ") && l.contains("size=65536k"), "{l}"),
+        None => assert!(out.stderr.contains("clients get a plain directory as /dev/shm"), "{}", out.stderr),
+    }
+    node.apply(&cfg2, "off");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(shm.to_str().unwrap()), "unmounted after the daemon stopped");
+}
+
+#[test]
+fn the_mps_example_validates_and_applies() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mps.yaml");
+    let node = Node::new("A100-SXM4-80GB:2,V100-SXM2-32GB:2");
+    node.run(&["validate", "-f", path, "--gpu", "A100-SXM4-80GB:2,V100-SXM2-32GB:2", "--strict"]).ok();
+    for layout in ["mixed-mig-mps", "all-mps-8", "all-whole"] {
+        node.apply(path, layout);
+    }
+    assert!(node.status()["gpus"].as_array().unwrap().iter().all(|g| g["mps"].is_null()));
 }

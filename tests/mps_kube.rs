@@ -8,7 +8,7 @@
 mod support;
 
 use support::apiserver::ApiServer;
-use support::kube_agent::{start_config, wait_state, LAYOUT, NODE};
+use support::kube_agent::{start_config, wait_event, wait_state, LAYOUT, NODE};
 use support::kubelet::FakeKubelet;
 use support::{Backend, Node};
 
@@ -127,6 +127,14 @@ fn mixed_node_serves_mig_and_mps_slots(b: Backend) {
     assert!(retiring.is_some_and(|r| vanished.is_some_and(|v| r < v)), "unhealthy before removal: {lists:?}");
     assert_eq!(node.mps_pid(&v1), None, "GPU 3's daemon stopped");
     assert!(kubelet.allocate(&[&gone]).unwrap_err().message().contains("is not served"));
+
+    // A daemon killed under the agent is restarted and announced with an Event.
+    let pid = node.mps_pid(&v0).unwrap();
+    std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let note = wait_event(&api, "MpsDaemonRestarted", &v0);
+    assert!(note.contains("it died"), "{note}");
+    assert_ne!(node.mps_pid(&v0), Some(pid));
+    kubelet.wait_devices("healthy slots after the restart", |d| d.iter().all(|(_, h)| h == "Healthy"));
 
     // The kubelet restarts: the plugin registers again and sends its slots again.
     let before = kubelet.registrations();

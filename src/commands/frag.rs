@@ -2,7 +2,7 @@
 
 use super::{open_backend, read_config};
 use crate::cli::{FragArgs, GlobalArgs, StatusFormat};
-use crate::frag::{gpu_frag, node_frag, GpuFrag, NodeFrag, Workload};
+use crate::frag::{node_frag, GpuFrag, NodeFrag, Workload};
 use anyhow::Context;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -24,6 +24,11 @@ fn pct(x: f64) -> String {
 fn table(doc: &FragDoc) -> String {
     let mut out = String::new();
     for g in &doc.gpus {
+        if g.mps_slots > 0 {
+            let (used, total) = (g.mps_slots_used, g.mps_slots);
+            let _ = writeln!(out, "GPU {} {}: MPS, {used} of {total} client slots in use", g.index, g.model);
+            continue;
+        }
         if !g.mig_enabled {
             let state = if g.idle_without_mig { "idle" } else { "in use" };
             let _ = writeln!(out, "GPU {} {}: MIG disabled, whole GPU {state}", g.index, g.model);
@@ -78,7 +83,9 @@ pub fn run(g: &GlobalArgs, a: &FragArgs) -> anyhow::Result<ExitCode> {
     };
     let backend = open_backend(g)?;
     let states = backend.observe_all().context("reading the GPUs")?;
-    let gpus: Vec<GpuFrag> = states.iter().map(|s| gpu_frag(s, workload.as_ref())).collect();
+    let mps = crate::mps::Mps::from_args(g);
+    let daemons: Vec<_> = states.iter().map(|s| mps.observe(s)).collect();
+    let gpus: Vec<GpuFrag> = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
     let doc = FragDoc { node: node_frag(&gpus), gpus };
     match a.output {
         StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),

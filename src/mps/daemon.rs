@@ -141,9 +141,15 @@ pub fn start(
     paths: &DaemonPaths,
     want: &MpsSettings,
     wait: Duration,
+    shm_bytes: Option<u64>,
 ) -> Result<(u32, Vec<String>), String> {
     for dir in [paths.pipe(), paths.log(), paths.shm()] {
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    if let Some(bytes) = shm_bytes {
+        if let Err(e) = super::shm::mount(&paths.shm(), bytes) {
+            tracing::warn!(error = %e, "clients get a plain directory as /dev/shm");
+        }
     }
     let _ = std::fs::remove_file(paths.pid_file());
     let mut sent = vec!["nvidia-cuda-mps-control -d".to_string()];
@@ -171,9 +177,15 @@ pub fn start(
     Ok((pid, sent))
 }
 
-/// Stops the daemon (`quit`, then SIGKILL if it is still there after `wait`) and forgets its
-/// settings. Returns the commands sent.
+/// Stops the daemon (`quit`, then SIGKILL if it is still there after `wait`), unmounts its shm
+/// and forgets its settings. Returns the commands sent.
 pub fn stop(ctl: &dyn MpsControl, paths: &DaemonPaths, wait: Duration) -> Vec<String> {
+    let sent = quit(ctl, paths, wait);
+    super::shm::unmount(&paths.shm());
+    sent
+}
+
+fn quit(ctl: &dyn MpsControl, paths: &DaemonPaths, wait: Duration) -> Vec<String> {
     let mut sent = Vec::new();
     let Some(pid) = paths.read_pid().filter(|p| process::alive(*p)) else {
         let _ = std::fs::remove_file(paths.pid_file());

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod node;
 pub mod process;
 pub mod settings;
+pub mod shm;
 pub mod supervise;
 
 pub use control::{ControlProgram, DaemonPaths, MpsControl};

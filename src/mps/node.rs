@@ -26,6 +26,8 @@ pub struct Mps {
     pub root: PathBuf,
     /// Longest wait for a daemon to write its pid file or to quit.
     pub wait: Duration,
+    /// Size of the tmpfs mounted as each GPU's shm directory (`None`: a plain directory).
+    pub shm_bytes: Option<u64>,
 }
 
 /// What the layout wants of one GPU's daemon.
@@ -153,12 +155,14 @@ impl Mps {
     /// The real control program (or its test double) at `program`, daemons under `root`.
     pub fn program(program: &std::path::Path, root: &std::path::Path, timeout: Duration) -> Self {
         let control = super::ControlProgram { program: program.to_path_buf(), timeout };
-        Self { control: Arc::new(control), root: root.to_path_buf(), wait: timeout }
+        Self { control: Arc::new(control), root: root.to_path_buf(), wait: timeout, shm_bytes: None }
     }
 
     /// The MPS edge the global options ask for.
     pub fn from_args(g: &crate::cli::GlobalArgs) -> Self {
-        Self::program(&g.mps_control, &g.mps_root, g.mps_timeout)
+        let mut m = Self::program(&g.mps_control, &g.mps_root, g.mps_timeout);
+        m.shm_bytes = super::shm::parse_size(&g.mps_shm_size).unwrap_or(None);
+        m
     }
 
     /// The paths of a GPU's daemon.
@@ -277,7 +281,7 @@ impl Mps {
             }
             match &p.action {
                 Action::Start | Action::Restart(_) => {
-                    match daemon::start(self.control.as_ref(), &p.paths, &settings, self.wait) {
+                    match daemon::start(self.control.as_ref(), &p.paths, &settings, self.wait, self.shm_bytes) {
                         Ok((pid, sent)) => {
                             tracing::info!(gpu = p.gpu, pid, replicas = settings.replicas, "MPS daemon started");
                             r.pid = Some(pid);

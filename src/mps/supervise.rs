@@ -165,5 +165,5 @@ impl Supervisor {
 fn restart(mps: &Mps, backend: &dyn GpuBackend, paths: &DaemonPaths, w: &Watch) -> Result<u32, String> {
     daemon::kill_hung(paths, mps.wait);
     backend.set_compute_mode(w.gpu, ComputeMode::ExclusiveProcess).map_err(|e| e.to_string())?;
-    daemon::start(mps.control.as_ref(), paths, &w.settings, mps.wait).map(|(pid, _)| pid)
+    daemon::start(mps.control.as_ref(), paths, &w.settings, mps.wait, mps.shm_bytes).map(|(pid, _)| pid)
 }

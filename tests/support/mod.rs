@@ -115,6 +115,7 @@ impl Run {
 
 /// Environment that must not leak from the developer's shell into a test run.
 const CLEARED_ENV: &[&str] = &[
+    "GPUPART_MPS_SHM_SIZE",
     "GPUPART_SIMULATE",
     "GPUPART_SIM_STATE",
     "MIG_PARTED_CONFIG_FILE",
@@ -176,7 +177,7 @@ impl Node {
         for k in CLEARED_ENV {
             c.env_remove(k);
         }
-        c.env("RUST_LOG", "warn");
+        c.env("RUST_LOG", "warn").env("GPUPART_MPS_SHM_SIZE", "0");
         c.arg("--mps-root").arg(self.mps_root()).arg("--mps-control").arg(fake_mps_control());
         match self.backend {
             Backend::Sim => {

@@ -73,6 +73,15 @@ for h, g in zip(handles, gpus):
     check(mem.total == g["memory_bytes"] and mem.free + mem.used == mem.total, "memory v1")
     check(n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).total == g["memory_bytes"], "memory v2")
     check(n.nvmlDeviceGetHandleByUUID(uuid.encode()) is not None, "handle by uuid")
+    # Compute mode: DEFAULT at start, EXCLUSIVE_PROCESS and back (as MPS needs); the removed
+    # EXCLUSIVE_THREAD mode is NOT_SUPPORTED and an unknown value INVALID_ARGUMENT.
+    check(n.nvmlDeviceGetComputeMode(h) == n.NVML_COMPUTEMODE_DEFAULT, "compute mode starts DEFAULT")
+    n.nvmlDeviceSetComputeMode(h, n.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    check(n.nvmlDeviceGetComputeMode(h) == n.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, "EXCLUSIVE_PROCESS set")
+    expect_error(n.NVML_ERROR_NOT_SUPPORTED, n.nvmlDeviceSetComputeMode, h, n.NVML_COMPUTEMODE_EXCLUSIVE_THREAD)
+    expect_error(n.NVML_ERROR_INVALID_ARGUMENT, n.nvmlDeviceSetComputeMode, h, 7)
+    n.nvmlDeviceSetComputeMode(h, n.NVML_COMPUTEMODE_DEFAULT)
+    check(n.nvmlDeviceGetComputeMode(h) == n.NVML_COMPUTEMODE_DEFAULT, "DEFAULT restored")
     if not g["profiles"]:
         expect_error(n.NVML_ERROR_NOT_SUPPORTED, n.nvmlDeviceGetMigMode, h)
         continue
