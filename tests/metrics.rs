@@ -6,10 +6,9 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::baremetal::start;
-use support::{Backend, Node};
+use support::{promtool, Backend, Node};
 
 on_both_backends!(metrics_follow_the_layout_and_pass_promtool);
 
@@ -44,23 +43,6 @@ fn wait_for(port: u16, what: &str, f: impl Fn(&str) -> bool) -> String {
     }
 }
 
-fn promtool(text: &str) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool is not installed (apt-get install prometheus; scripts/test does)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
     let node = Node::with(b, "A100-SXM4-80GB:2,V100-SXM2-16GB:1");

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 use support::baremetal::{start_with, Agent};
-use support::{Backend, Node};
+use support::{promtool, Backend, Node};
 
 on_both_backends!(
     killed_daemon_is_restarted_and_counted,
@@ -93,6 +93,7 @@ fn killed_daemon_is_restarted_and_counted(b: Backend) {
             .contains(&format!("gpupart_mps_daemon_restarts_total{{uuid=\"{u0}\",result=\"success\"}} 1"))
     });
     let m = agent.get("/metrics");
+    promtool(m.split_once("\r\n\r\n").map_or("", |(_, b)| b));
     assert!(m.contains(&format!("gpupart_mps_daemon_up{{uuid=\"{u0}\"}} 1")), "{m}");
     assert!(m.contains(&format!("gpupart_mps_slots{{uuid=\"{u0}\",state=\"total\"}} 4")), "{m}");
     assert!(m.contains(&format!("gpupart_mps_slot_active_thread_percentage{{uuid=\"{u0}\"}} 25")), "{m}");

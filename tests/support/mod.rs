@@ -21,6 +21,7 @@ macro_rules! on_both_backends {
 
 use gpupart::mig::sim::{store, SimProcess, SimState};
 use std::path::{Path, PathBuf};
+use std::io::Write as _;
 use std::process::{Command, Output};
 
 /// Which code path a test drives: the in-process simulator, or NVML through nvml-wrapper
@@ -303,4 +304,23 @@ pub fn nvidia_config(name: &str) -> PathBuf {
 /// The repository's example config.
 pub fn example_config() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/config.yaml").to_str().unwrap().to_string()
+}
+
+/// Lints a classic-text scrape with `promtool check metrics`; panics with its findings.
+pub fn promtool(text: &str) {
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is not installed (apt-get install prometheus; scripts/test does)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
