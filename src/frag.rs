@@ -195,6 +195,19 @@ pub fn gpu_frag(state: &GpuState, workload: Option<&Workload>) -> GpuFrag {
     g
 }
 
+impl GpuFrag {
+    /// How the GPU is shared: `mig`, `mps` (it serves MPS slots) or `none` (one whole GPU).
+    pub fn partition_mode(&self) -> &'static str {
+        if self.mig_enabled {
+            "mig"
+        } else if self.mps_slots > 0 {
+            "mps"
+        } else {
+            "none"
+        }
+    }
+}
+
 /// Counts an MPS GPU by its client slots: unallocated = free slots / slots; it is never a whole
 /// free GPU (its slots are what it offers), and its free slots are not fragmented (any free slot
 /// serves any slot request).

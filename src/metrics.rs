@@ -264,13 +264,7 @@ impl Metrics {
                     ("UUID", uuid),
                 ]))
                 .set(1.0);
-            let mode = if f.mig_enabled {
-                "mig"
-            } else if f.mps_slots > 0 {
-                "mps"
-            } else {
-                "none"
-            };
+            let mode = f.partition_mode();
             self.partition_mode.get_or_create(&l(&[("uuid", uuid), ("mode", mode)])).set(1.0);
             if !s.info.mig_capable {
                 continue;

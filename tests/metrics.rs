@@ -43,7 +43,6 @@ fn wait_for(port: u16, what: &str, f: impl Fn(&str) -> bool) -> String {
     }
 }
 
-
 fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
     let node = Node::with(b, "A100-SXM4-80GB:2,V100-SXM2-16GB:1");
     let layout = node.dir.path().join("layout");

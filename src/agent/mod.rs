@@ -271,10 +271,11 @@ async fn async_main(
         };
         let mut run_settings = settings;
         run_settings.force |= forced;
-        let m = mps.clone();
+        let (m, p) = (mps.clone(), plugin.clone());
         let result = tokio::task::spawn_blocking(move || {
             let c = clients.as_deref().map(|c| c as &dyn reconcile::Clients);
-            reconcile(b.as_ref(), &desired, run_settings, c, Some(&m), &mut |pending| r.publish(pending))
+            let slots = p.as_ref().map(|p| p as &dyn reconcile::SlotSink);
+            reconcile(b.as_ref(), &desired, run_settings, c, Some(&m), slots, &mut |pending| r.publish(pending))
         })
         .await
         .context("the reconcile task panicked")?;

@@ -39,6 +39,13 @@ pub trait Clients: Send + Sync {
     fn resume(&self);
 }
 
+/// Where MPS slots are advertised (the device plugin): slots of GPUs whose daemon is about to
+/// stop or restart are marked unhealthy before it does.
+pub trait SlotSink: Send + Sync {
+    /// Marks every slot of these GPUs unhealthy.
+    fn leaving(&self, gpu_uuids: &[String]);
+}
+
 /// How a reconcile ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reconciled {
@@ -61,6 +68,7 @@ pub fn reconcile(
     s: Settings,
     clients: Option<&dyn Clients>,
     mps: Option<&Mps>,
+    slots: Option<&dyn SlotSink>,
     on_pending: &mut dyn FnMut(&AgentStatus),
 ) -> Reconciled {
     let Some(name) = &desired.layout else {
@@ -149,6 +157,14 @@ pub fn reconcile(
         format!("applying '{name}': keep {kept}, destroy {destroyed}, create {created} GPU instances{mps_part}"),
     );
     on_pending(&with_counts(pending, 0));
+    let leaving: Vec<String> = mps_plans
+        .iter()
+        .filter(|p| matches!(p.action, Action::Stop | Action::Restart(_)))
+        .map(|p| p.paths.gpu_uuid.clone())
+        .collect();
+    if let (Some(sink), false) = (slots, leaving.is_empty()) {
+        sink.leaving(&leaving);
+    }
     let start = Instant::now();
     if let Some(c) = clients {
         if let Err(why) = c.pause() {

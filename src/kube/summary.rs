@@ -31,13 +31,7 @@ pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, config
                 .collect();
             let creatable: BTreeMap<&str, u32> =
                 f.profiles.iter().filter(|p| p.creatable > 0).map(|p| (p.profile.as_str(), p.creatable)).collect();
-            let mode = if f.mig_enabled {
-                "mig"
-            } else if f.mps_slots > 0 {
-                "mps"
-            } else {
-                "none"
-            };
+            let mode = f.partition_mode();
             let mut g = json!({"i": s.info.index, "uuid": s.info.uuid, "model": s.info.model, "mode": mode});
             if f.mps_slots > 0 {
                 g["slots"] = json!(f.mps_slots);

@@ -121,6 +121,15 @@ impl DevicePluginHandle {
         });
     }
 
+    /// Marks every slot of these GPUs unhealthy now (their daemon is about to stop).
+    pub fn mark_unhealthy(&self, gpu_uuids: &[String]) {
+        let mut table = self.shared.table.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for g in table.iter_mut().filter(|g| gpu_uuids.contains(&g.uuid)) {
+            g.healthy = false;
+        }
+        self.update(table);
+    }
+
     /// Successful registrations with the kubelet so far.
     pub fn registrations(&self) -> u64 {
         self.shared.registrations.load(Ordering::SeqCst)
@@ -268,5 +277,11 @@ async fn serve_and_register(cfg: PluginConfig, shared: Arc<Shared>) {
         }
         let _ = stop_tx.send(true);
         let _ = server.await;
+    }
+}
+
+impl crate::agent::reconcile::SlotSink for DevicePluginHandle {
+    fn leaving(&self, gpu_uuids: &[String]) {
+        self.mark_unhealthy(gpu_uuids);
     }
 }

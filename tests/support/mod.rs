@@ -20,8 +20,8 @@ macro_rules! on_both_backends {
 }
 
 use gpupart::mig::sim::{store, SimProcess, SimState};
-use std::path::{Path, PathBuf};
 use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Which code path a test drives: the in-process simulator, or NVML through nvml-wrapper
