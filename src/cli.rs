@@ -32,10 +32,16 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "PATH")]
     pub nvidia_smi: Option<PathBuf>,
     /// MPS control program (`nvidia-cuda-mps-control` on PATH by default).
-    #[arg(long, global = true, value_name = "PATH", default_value = "nvidia-cuda-mps-control")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH",
+        default_value = "nvidia-cuda-mps-control",
+        env = "GPUPART_MPS_CONTROL"
+    )]
     pub mps_control: PathBuf,
     /// Directory of the per-GPU MPS daemons: `<root>/<gpu-uuid>/{pipe,log,shm}`.
-    #[arg(long, global = true, value_name = "DIR", default_value = crate::mps::node::DEFAULT_ROOT)]
+    #[arg(long, global = true, value_name = "DIR", default_value = crate::mps::node::DEFAULT_ROOT, env = "GPUPART_MPS_ROOT")]
     pub mps_root: PathBuf,
     /// Longest wait for one MPS control command, a daemon's start or its quit.
     #[arg(long, global = true, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]

@@ -306,3 +306,17 @@ fn the_mps_example_validates_and_applies() {
     }
     assert!(node.status()["gpus"].as_array().unwrap().iter().all(|g| g["mps"].is_null()));
 }
+
+/// A control program that cannot run fails the GPU clearly and leaves its compute mode DEFAULT.
+#[test]
+fn missing_control_program_fails_clearly_and_restores_compute_mode() {
+    let node = Node::new("T4-16GB:1");
+    let text =
+        "version: v1\nmig-configs:\n  on:\n    - devices: all\n      mig-enabled: false\n      mps: {replicas: 2}\n";
+    let cfg = node.config("t4.yaml", text);
+    let mut c =
+        node.command(&["--mps-control", "/nonexistent/nvidia-cuda-mps-control", "apply", "-f", &cfg, "-c", "on"], &[]);
+    let out = support::Run::from(c.output().unwrap()).failed();
+    assert!(out.all().contains("MPS FAILED: cannot run /nonexistent/nvidia-cuda-mps-control"), "{}", out.all());
+    assert_eq!(node.status()["gpus"][0]["compute_mode"], "default");
+}

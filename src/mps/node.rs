@@ -287,7 +287,14 @@ impl Mps {
                             r.pid = Some(pid);
                             r.commands.extend(sent);
                         }
-                        Err(e) => r.error = Some(e),
+                        Err(e) => {
+                            // No daemon serves the GPU: give it back its compute mode.
+                            daemon::kill_hung(&p.paths, self.wait);
+                            if backend.set_compute_mode(p.gpu, ComputeMode::Default).is_ok() {
+                                r.commands.push("nvmlDeviceSetComputeMode DEFAULT".into());
+                            }
+                            r.error = Some(e);
+                        }
                     }
                 }
                 Action::Record => {

@@ -117,6 +117,8 @@ impl Run {
 /// Environment that must not leak from the developer's shell into a test run.
 const CLEARED_ENV: &[&str] = &[
     "GPUPART_MPS_SHM_SIZE",
+    "GPUPART_MPS_ROOT",
+    "GPUPART_MPS_CONTROL",
     "GPUPART_SIMULATE",
     "GPUPART_SIM_STATE",
     "MIG_PARTED_CONFIG_FILE",
@@ -179,7 +181,7 @@ impl Node {
             c.env_remove(k);
         }
         c.env("RUST_LOG", "warn").env("GPUPART_MPS_SHM_SIZE", "0");
-        c.arg("--mps-root").arg(self.mps_root()).arg("--mps-control").arg(fake_mps_control());
+        c.env("GPUPART_MPS_ROOT", self.mps_root()).env("GPUPART_MPS_CONTROL", fake_mps_control());
         match self.backend {
             Backend::Sim => {
                 c.args(["--sim-state", self.state.to_str().unwrap()]);
