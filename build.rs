@@ -2,7 +2,7 @@
 //! fresh clone builds without protoc.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/deviceplugin/v1beta1/api.proto"];
+    let files = ["proto/deviceplugin/v1beta1/api.proto", "proto/podresources/v1/api.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

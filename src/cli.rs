@@ -51,6 +51,10 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "SIZE", default_value = "auto", env = "GPUPART_MPS_SHM_SIZE",
           value_parser = parse_shm_size)]
     pub mps_shm_size: String,
+    /// The kubelet's PodResources socket: devices allocated to pods count as in use.
+    #[arg(long, global = true, value_name = "PATH", env = "GPUPART_POD_RESOURCES_SOCKET",
+          default_value = crate::kubelet::pod_resources::DEFAULT_SOCKET)]
+    pub pod_resources_socket: PathBuf,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,

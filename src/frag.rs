@@ -129,7 +129,7 @@ fn mix(state: &GpuState, workload: Option<&Workload>) -> Vec<(u32, String, f64)>
 
 /// Figures for one GPU.
 pub fn gpu_frag(state: &GpuState, workload: Option<&Workload>) -> GpuFrag {
-    let busy = state.all_processes().next().is_some();
+    let busy = state.all_processes().next().is_some() || !state.pods.is_empty();
     let mut g = GpuFrag {
         index: state.info.index,
         uuid: state.info.uuid.clone(),

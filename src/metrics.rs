@@ -52,6 +52,7 @@ pub struct Metrics {
     mps_thread_pct: G,
     mps_mem_limit: G,
     mps_restarts: Family<Labels, Counter>,
+    pod_resources_up: Gauge<f64, AtomicU64>,
     reconfigurations: Family<Labels, Counter>,
     durations: Family<Labels, Histogram>,
     nvml_errors: Family<Labels, Counter>,
@@ -111,6 +112,12 @@ impl Metrics {
             "MPS daemons restarted after they died or hung, by result",
             mps_restarts.clone(),
         );
+        let pod_resources_up = Gauge::<f64, AtomicU64>::default();
+        r.register(
+            "pod_resources_up",
+            "1 while the kubelet's PodResources socket answers (allocations count as busy), 0 when it does not",
+            pod_resources_up.clone(),
+        );
         let reconfigurations = Family::<Labels, Counter>::default();
         r.register("reconfigurations", "GPU changes by kind and result", reconfigurations.clone());
         let durations = Family::<Labels, Histogram>::new_with_constructor(|| {
@@ -143,6 +150,7 @@ impl Metrics {
             mps_thread_pct,
             mps_mem_limit,
             mps_restarts,
+            pod_resources_up,
             reconfigurations,
             durations,
             nvml_errors,
@@ -199,6 +207,11 @@ impl Metrics {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         self.collect.get_or_create(&l(&[("quantity", "success")])).set(0.0);
         self.collect.get_or_create(&l(&[("quantity", "duration_seconds")])).set(duration);
+    }
+
+    /// Whether the last PodResources read succeeded.
+    pub fn pod_resources_readable(&self, ok: bool) {
+        self.pod_resources_up.set(if ok { 1.0 } else { 0.0 });
     }
 
     /// Counts one restart of an MPS daemon.

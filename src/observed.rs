@@ -52,6 +52,28 @@ pub struct Process {
     pub used_memory_mib: u64,
 }
 
+/// A container the kubelet has allocated a device to (from PodResources): the device is in use
+/// even while no process runs on it (a restarting container, a model server still starting).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodUse {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// The extended resource (`nvidia.com/mig-1g.10gb`, `nvidia.com/gpu`, `gpupart.io/mps`).
+    pub resource: String,
+    /// The allocated device id (`MIG-…`, `GPU-…`, `<gpu-uuid>::<n>`).
+    pub device_id: String,
+}
+
+impl std::fmt::Display for PodUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{} ({})", self.namespace, self.pod, self.container, self.resource)
+    }
+}
+
 /// An existing compute instance (one MIG device).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CiState {
@@ -65,6 +87,9 @@ pub struct CiState {
     pub uuid: String,
     /// Processes on this MIG device.
     pub processes: Vec<Process>,
+    /// Containers the kubelet allocated this MIG device to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodUse>,
 }
 
 /// An existing GPU instance.
@@ -83,9 +108,15 @@ pub struct GiState {
 }
 
 impl GiState {
-    /// Whether any process uses this GI or its CIs.
+    /// Whether any process uses this GI or its CIs, or the kubelet allocated one of its MIG
+    /// devices to a container.
     pub fn busy(&self) -> bool {
-        !self.processes.is_empty() || self.cis.iter().any(|c| !c.processes.is_empty())
+        !self.processes.is_empty() || self.cis.iter().any(|c| !c.processes.is_empty() || !c.pods.is_empty())
+    }
+
+    /// Every container allocated one of its MIG devices.
+    pub fn all_pods(&self) -> impl Iterator<Item = &PodUse> {
+        self.cis.iter().flat_map(|c| c.pods.iter())
     }
 
     /// Every process on the GI and its CIs.
@@ -109,6 +140,9 @@ pub struct GpuState {
     pub processes: Vec<Process>,
     /// Compute mode (EXCLUSIVE_PROCESS while an MPS daemon serves the GPU).
     pub compute_mode: ComputeMode,
+    /// Containers the kubelet allocated the whole GPU (`nvidia.com/gpu`) or one of its MPS slots to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodUse>,
 }
 
 impl GpuState {

@@ -141,6 +141,17 @@ pub fn prepare(
                 (change, (!mode_only).then(|| devices.clone()))
             }
         };
+        if mode_change.is_some() && !state.pods.is_empty() {
+            let pods: Vec<String> = state.pods.iter().map(ToString::to_string).collect();
+            problems.push(format!(
+                "GPU {} ({}): allocated to pod {}; a GPU a pod holds is never switched between MIG and non-MIG",
+                state.info.index,
+                state.info.model,
+                pods.join(", ")
+            ));
+            jobs.push(Job { state, target, mode_change, plan: None });
+            continue;
+        }
         let plan = match desired {
             None => None,
             Some(d) => match plan(&state.profiles, &state.instances, &d, force) {

@@ -4,7 +4,10 @@
 use crate::backend::{BackendError, GpuBackend};
 use crate::config::MigConfig;
 use crate::exec::{execute, ExecOptions, GpuReport, Outcome};
+use crate::kubelet::allocations::{attach, in_the_way};
+use crate::kubelet::pod_resources::AllocationSource;
 use crate::mps::{GpuMps, Mps, MpsReport};
+use crate::observed::PodUse;
 use crate::prepare::{prepare, Job, PrepareError};
 
 /// Options of one pass.
@@ -30,6 +33,84 @@ pub enum PassError {
     /// A hook run before the changes failed; nothing was changed.
     #[error("nothing was changed: {0}")]
     Hook(String),
+    /// The kubelet kept allocating devices the change would take; nothing was changed.
+    #[error("nothing was changed: {0}")]
+    Allocations(String),
+}
+
+/// A node planned against a config: GPU jobs, MPS plans, and the kubelet allocations read
+/// right before planning (attached to the jobs' states).
+#[derive(Debug)]
+pub struct Planned {
+    /// Per-GPU jobs.
+    pub jobs: Vec<Job>,
+    /// Per-GPU MPS plans.
+    pub mps_plans: Vec<GpuMps>,
+    /// The allocations the plan respects.
+    pub allocations: Vec<PodUse>,
+}
+
+/// How often a plan is made again when the kubelet allocates something in its way meanwhile.
+pub const REPLANS: usize = 3;
+
+/// Observes the GPUs, reads the kubelet's allocations (an unreadable source counts as none: the
+/// processes NVML reports still protect instances), and plans every GPU and MPS daemon.
+pub fn plan_node(
+    backend: &dyn GpuBackend,
+    config: &MigConfig,
+    force: bool,
+    mode_only: bool,
+    mps: Option<&Mps>,
+    allocations: Option<&dyn AllocationSource>,
+) -> Result<Planned, PassError> {
+    let mut states = backend.observe_all()?;
+    let allocations = allocations.and_then(|a| a.read().ok()).unwrap_or_default();
+    attach(&mut states, &allocations);
+    let jobs = prepare(states, config, force, mode_only)?;
+    let mps_plans = plan_mps(mps, &jobs, force)?;
+    Ok(Planned { jobs, mps_plans, allocations })
+}
+
+/// Reads the allocations again right before the first destructive call: the ones the kubelet
+/// made since planning that stand in the way (empty: go ahead; not forced only).
+pub fn recheck(planned: &Planned, allocations: Option<&dyn AllocationSource>, force: bool) -> Vec<PodUse> {
+    if force {
+        return Vec::new();
+    }
+    match allocations.map(|a| a.read()) {
+        Some(Ok(fresh)) => in_the_way(&planned.allocations, &fresh, &planned.jobs, &planned.mps_plans),
+        _ => Vec::new(),
+    }
+}
+
+/// Plans until no new allocation stands in the way (at most [`REPLANS`] times).
+pub fn plan_settled(
+    backend: &dyn GpuBackend,
+    config: &MigConfig,
+    opts: Options,
+    mps: Option<&Mps>,
+    allocations: Option<&dyn AllocationSource>,
+    before_recheck: &mut dyn FnMut(&Planned),
+) -> Result<Planned, PassError> {
+    let mut last = Vec::new();
+    for attempt in 1..=REPLANS {
+        let planned = plan_node(backend, config, opts.force, opts.mode_only, mps, allocations)?;
+        if planned.jobs.iter().all(Job::is_noop) && planned.mps_plans.iter().all(|p| !p.action.changes()) {
+            return Ok(planned);
+        }
+        before_recheck(&planned);
+        last = recheck(&planned, allocations, opts.force);
+        if last.is_empty() {
+            return Ok(planned);
+        }
+        let names: Vec<String> = last.iter().map(ToString::to_string).collect();
+        tracing::warn!(attempt, pods = %names.join(", "), "the kubelet allocated devices of the change while planning; planning again");
+    }
+    let names: Vec<String> = last.iter().map(ToString::to_string).collect();
+    Err(PassError::Allocations(format!(
+        "the kubelet allocated devices the change would take while it was planned, {REPLANS} times: {}",
+        names.join(", ")
+    )))
 }
 
 /// The jobs planned and what became of each.
@@ -71,7 +152,7 @@ impl Pass {
 
 /// Observes, plans and executes `config` on every GPU of `backend` (without MPS daemons).
 pub fn run(backend: &dyn GpuBackend, config: &MigConfig, opts: Options) -> Result<Pass, PassError> {
-    run_with(backend, config, opts, None, &mut |_| Ok(()))
+    run_with(backend, config, opts, None, None, &mut |_| Ok(()))
 }
 
 /// Plans the MPS daemons for `jobs`; a busy daemon in the way is a (blocked) prepare error.
@@ -107,11 +188,10 @@ pub fn run_with(
     config: &MigConfig,
     opts: Options,
     mps: Option<&Mps>,
+    allocations: Option<&dyn AllocationSource>,
     before_execute: &mut dyn FnMut(&[Job]) -> Result<(), String>,
 ) -> Result<Pass, PassError> {
-    let states = backend.observe_all()?;
-    let jobs = prepare(states, config, opts.force, opts.mode_only)?;
-    let mps_plans = plan_mps(mps, &jobs, opts.force)?;
+    let Planned { jobs, mps_plans, .. } = plan_settled(backend, config, opts, mps, allocations, &mut |_| {})?;
     before_execute(&jobs).map_err(PassError::Hook)?;
     let (reports, mps_reports) = execute_node(backend, &jobs, mps.map(|m| (m, mps_plans.as_slice())), opts.exec);
     Ok(Pass { jobs, reports, mps_plans, mps: mps_reports })

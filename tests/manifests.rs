@@ -65,6 +65,8 @@ fn daemonset_has_the_agreed_shape() {
     let mount = |name: &str| mounts.iter().find(|m| m["name"] == name).unwrap_or_else(|| panic!("no {name} mount"));
     assert_eq!(mount("run")["mountPropagation"], "Bidirectional");
     assert_eq!(mount("device-plugins")["mountPath"], "/var/lib/kubelet/device-plugins");
+    assert_eq!(mount("pod-resources")["mountPath"], "/var/lib/kubelet/pod-resources");
+    assert_eq!(mount("pod-resources")["readOnly"], true);
     let args: Vec<&str> = c["args"].as_array().unwrap().iter().filter_map(|a| a.as_str()).collect();
     assert!(args.contains(&"--device-plugin-dir=/var/lib/kubelet/device-plugins"), "{args:?}");
     assert_eq!(c["securityContext"]["privileged"], true);

@@ -46,6 +46,7 @@ fn gi_state(table: &ProfileTable, id: u32, profile_id: u32, placement: Placement
             } else {
                 vec![]
             },
+            pods: Vec::new(),
         }],
         processes: vec![],
     }

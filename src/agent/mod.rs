@@ -88,6 +88,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         }
         let mut summaries: Option<KubeReporter> = None;
         let mut plugin = None;
+        let mut pod_source = None;
         let mode = match file_source {
             Some(src) => Mode::File(src),
             None => {
@@ -124,6 +125,15 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                         tokio::runtime::Handle::current(),
                     ))
                 });
+                let m = metrics.clone();
+                let source = crate::kubelet::pod_resources::PodResources {
+                    socket: g.pod_resources_socket.clone(),
+                    timeout: Duration::from_secs(5),
+                };
+                pod_source = Some(Arc::new(crate::kubelet::pod_resources::Reported::new(
+                    source,
+                    Box::new(move |ok| m.pod_resources_readable(ok)),
+                )));
                 plugin = Some(crate::kubelet::device_plugin::DevicePluginHandle::spawn(
                     crate::kubelet::device_plugin::PluginConfig {
                         dir: a.device_plugin_dir.clone(),
@@ -135,7 +145,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
-        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps, plugin };
+        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps, plugin, pod_source };
         async_main(a.clone(), mode, backend, outputs, tx, rx).await
     })
 }
@@ -176,6 +186,7 @@ struct Outputs {
     summaries: Option<KubeReporter>,
     mps: crate::mps::Mps,
     plugin: Option<crate::kubelet::device_plugin::DevicePluginHandle>,
+    pod_source: Option<Arc<crate::kubelet::pod_resources::Reported>>,
 }
 
 async fn async_main(
@@ -186,7 +197,7 @@ async fn async_main(
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
-    let Outputs { metrics, reporter, summaries, mps, plugin } = outputs;
+    let Outputs { metrics, reporter, summaries, mps, plugin, pod_source } = outputs;
     let health = Arc::new(Health::default());
     health.beat();
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
@@ -200,12 +211,15 @@ async fn async_main(
     };
     let collect_now = Arc::new(tokio::sync::Notify::new());
     spawn_collector(
-        backend.clone(),
-        metrics.clone(),
-        mps.clone(),
-        summaries,
+        Collector {
+            backend: backend.clone(),
+            metrics: metrics.clone(),
+            mps: mps.clone(),
+            pods: pod_source.clone(),
+            summaries,
+            config: a.config_file.clone(),
+        },
         collect_now.clone(),
-        a.config_file.clone(),
         a.metrics_interval,
     );
     tokio::spawn(async move {
@@ -271,11 +285,15 @@ async fn async_main(
         };
         let mut run_settings = settings;
         run_settings.force |= forced;
-        let (m, p) = (mps.clone(), plugin.clone());
+        let (m, p, pods) = (mps.clone(), plugin.clone(), pod_source.clone());
         let result = tokio::task::spawn_blocking(move || {
-            let c = clients.as_deref().map(|c| c as &dyn reconcile::Clients);
-            let slots = p.as_ref().map(|p| p as &dyn reconcile::SlotSink);
-            reconcile(b.as_ref(), &desired, run_settings, c, Some(&m), slots, &mut |pending| r.publish(pending))
+            let edges = reconcile::Edges {
+                clients: clients.as_deref().map(|c| c as &dyn reconcile::Clients),
+                mps: Some(&m),
+                slots: p.as_ref().map(|p| p as &dyn reconcile::SlotSink),
+                allocations: pods.as_deref().map(|s| s as &dyn crate::kubelet::pod_resources::AllocationSource),
+            };
+            reconcile(b.as_ref(), &desired, run_settings, &edges, &mut |pending| r.publish(pending))
         })
         .await
         .context("the reconcile task panicked")?;
@@ -407,20 +425,23 @@ async fn supervise(ctx: &Supervision, base: Option<&status::AgentStatus>, degrad
     now_degraded
 }
 
-/// Refreshes the metrics snapshot after every reconcile and every `every`; a scrape only renders it.
-fn spawn_collector(
+/// What the metrics collector reads and where it publishes.
+#[derive(Clone)]
+struct Collector {
     backend: Arc<dyn GpuBackend>,
     metrics: Arc<crate::metrics::Metrics>,
     mps: crate::mps::Mps,
+    pods: Option<Arc<crate::kubelet::pod_resources::Reported>>,
     summaries: Option<KubeReporter>,
-    now: Arc<tokio::sync::Notify>,
     config: std::path::PathBuf,
-    every: Duration,
-) {
+}
+
+/// Refreshes the metrics snapshot after every reconcile and every `every`; a scrape only renders it.
+fn spawn_collector(collector: Collector, now: Arc<tokio::sync::Notify>, every: Duration) {
     tokio::spawn(async move {
         loop {
-            let (b, m, c, sink) = (backend.clone(), metrics.clone(), config.clone(), summaries.clone());
-            let mps = mps.clone();
+            let Collector { backend, metrics, mps, pods, summaries, config } = collector.clone();
+            let (b, m, c, sink) = (backend, metrics, config, summaries);
             let _ = tokio::task::spawn_blocking(move || {
                 let t = std::time::Instant::now();
                 let workload = std::fs::read_to_string(&c)
@@ -428,7 +449,13 @@ fn spawn_collector(
                     .and_then(|text| crate::config::parse(&text).ok())
                     .map(|f| crate::frag::Workload { weights: f.workload });
                 match b.observe_all() {
-                    Ok(states) => {
+                    Ok(mut states) => {
+                        if let Some(uses) = pods
+                            .as_ref()
+                            .and_then(|p| crate::kubelet::pod_resources::AllocationSource::read(p.as_ref()).ok())
+                        {
+                            crate::kubelet::allocations::attach(&mut states, &uses);
+                        }
                         let daemons: Vec<_> = states.iter().map(|s| mps.observe(s)).collect();
                         m.update_with_mps(&states, &daemons, workload.as_ref(), t.elapsed().as_secs_f64());
                         if let Some(sink) = sink {

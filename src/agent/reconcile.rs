@@ -5,10 +5,10 @@
 use super::status::{AgentStatus, Phase};
 use crate::backend::GpuBackend;
 use crate::exec::{ExecError, ExecOptions, Outcome};
+use crate::kubelet::pod_resources::AllocationSource;
 use crate::mps::supervise::Watch;
 use crate::mps::{Action, Mps, Want};
-use crate::prepare::prepare;
-use crate::reconfigure::{execute_node, plan_mps};
+use crate::reconfigure::{execute_node, plan_node, recheck, PassError, Planned, REPLANS};
 use std::time::Instant;
 
 /// What the agent was asked to do.
@@ -46,6 +46,49 @@ pub trait SlotSink: Send + Sync {
     fn leaving(&self, gpu_uuids: &[String]);
 }
 
+/// The effects a reconcile reaches besides the GPUs: all optional.
+#[derive(Default, Clone, Copy)]
+pub struct Edges<'a> {
+    /// GPU clients to pause around a change.
+    pub clients: Option<&'a dyn Clients>,
+    /// MPS daemons.
+    pub mps: Option<&'a Mps>,
+    /// Where MPS slots are advertised.
+    pub slots: Option<&'a dyn SlotSink>,
+    /// The kubelet's allocations (a second busy signal).
+    pub allocations: Option<&'a dyn AllocationSource>,
+}
+
+/// GPU instances kept, destroyed and created over every plan.
+fn counts(jobs: &[crate::prepare::Job]) -> (usize, usize, usize) {
+    jobs.iter()
+        .filter_map(|j| j.plan.as_ref())
+        .fold((0, 0, 0), |(k, d, c), p| (k + p.keep.len(), d + p.destroy.len(), c + p.create.len()))
+}
+
+/// The `pending` status announcing a planned change.
+fn pending_status(layout: &Option<String>, name: &str, planned: &Planned) -> AgentStatus {
+    let (kept, destroyed, created) = counts(&planned.jobs);
+    let count = |f: fn(&Action) -> bool| planned.mps_plans.iter().filter(|p| f(&p.action)).count();
+    let (starts, restarts, stops) = (
+        count(|a| matches!(a, Action::Start)),
+        count(|a| matches!(a, Action::Restart(_))),
+        count(|a| matches!(a, Action::Stop)),
+    );
+    let mps_part = if starts + restarts + stops > 0 {
+        format!("; start {starts}, restart {restarts}, stop {stops} MPS daemons")
+    } else {
+        String::new()
+    };
+    let mut st = AgentStatus::new(
+        Phase::Pending,
+        layout.clone(),
+        format!("applying '{name}': keep {kept}, destroy {destroyed}, create {created} GPU instances{mps_part}"),
+    );
+    (st.kept, st.destroyed, st.created) = (kept, destroyed, created);
+    st
+}
+
 /// How a reconcile ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reconciled {
@@ -66,9 +109,7 @@ pub fn reconcile(
     backend: &dyn GpuBackend,
     desired: &Desired,
     s: Settings,
-    clients: Option<&dyn Clients>,
-    mps: Option<&Mps>,
-    slots: Option<&dyn SlotSink>,
+    edges: &Edges<'_>,
     on_pending: &mut dyn FnMut(&AgentStatus),
 ) -> Reconciled {
     let Some(name) = &desired.layout else {
@@ -94,25 +135,45 @@ pub fn reconcile(
             false,
         );
     };
-    let states = match backend.observe_all() {
-        Ok(s) => s,
-        Err(e) => return failed(layout, format!("reading the GPUs: {e}"), true),
-    };
-    let jobs = match prepare(states, config, s.force, false) {
-        Ok(j) => j,
-        Err(e) => return failed(layout, e.problems.join("; "), e.blocked),
-    };
-    if !jobs.is_empty() && jobs.iter().all(|j| matches!(j.target, crate::prepare::Target::Leave { .. })) {
-        let models: Vec<String> = jobs.iter().map(|j| j.state.info.model.clone()).collect();
-        return failed(
-            layout,
-            format!("layout '{name}' has no entry for this node's GPUs ({})", models.join(", ")),
-            false,
-        );
-    }
-    let mps_plans = match plan_mps(mps, &jobs, s.force) {
-        Ok(p) => p,
-        Err(e) => return failed(layout, e.problems.join("; "), true),
+    let mut replans = 0;
+    let (jobs, mps_plans) = loop {
+        let planned = match plan_node(backend, config, s.force, false, edges.mps, edges.allocations) {
+            Ok(p) => p,
+            Err(PassError::Observe(e)) => return failed(layout, format!("reading the GPUs: {e}"), true),
+            Err(PassError::Prepare(e)) => return failed(layout, e.problems.join("; "), e.blocked),
+            Err(e) => return failed(layout, e.to_string(), true),
+        };
+        let jobs = &planned.jobs;
+        if !jobs.is_empty() && jobs.iter().all(|j| matches!(j.target, crate::prepare::Target::Leave { .. })) {
+            let models: Vec<String> = jobs.iter().map(|j| j.state.info.model.clone()).collect();
+            return failed(
+                layout,
+                format!("layout '{name}' has no entry for this node's GPUs ({})", models.join(", ")),
+                false,
+            );
+        }
+        if jobs.iter().all(|j| j.is_noop()) && planned.mps_plans.iter().all(|p| !p.action.changes()) {
+            break (planned.jobs, planned.mps_plans);
+        }
+        on_pending(&pending_status(layout, name, &planned));
+        // Read the kubelet's allocations again: a pod admitted since planning must not lose its device.
+        let fresh = recheck(&planned, edges.allocations, s.force);
+        if fresh.is_empty() {
+            break (planned.jobs, planned.mps_plans);
+        }
+        let pods: Vec<String> = fresh.iter().map(ToString::to_string).collect();
+        replans += 1;
+        if replans >= REPLANS {
+            return failed(
+                layout,
+                format!(
+                    "nothing was changed: the kubelet kept allocating devices of the change to pods ({})",
+                    pods.join(", ")
+                ),
+                true,
+            );
+        }
+        tracing::warn!(pods = %pods.join(", "), "a pod was allocated a device of the planned change; planning again");
     };
     let serving: Vec<Watch> = jobs
         .iter()
@@ -127,10 +188,7 @@ pub fn reconcile(
             _ => None,
         })
         .collect();
-    let (kept, destroyed, created) = jobs
-        .iter()
-        .filter_map(|j| j.plan.as_ref())
-        .fold((0, 0, 0), |(k, d, c), p| (k + p.keep.len(), d + p.destroy.len(), c + p.create.len()));
+    let (kept, destroyed, created) = counts(&jobs);
     let with_counts = |mut st: AgentStatus, ms: u64| {
         (st.kept, st.destroyed, st.created, st.duration_ms) = (kept, destroyed, created, ms);
         st
@@ -140,40 +198,23 @@ pub fn reconcile(
         let st = AgentStatus::new(Phase::Success, layout.clone(), format!("layout '{name}' is applied"));
         return done(with_counts(st, 0), false);
     }
-    let count = |f: fn(&Action) -> bool| mps_plans.iter().filter(|p| f(&p.action)).count();
-    let (starts, restarts, stops) = (
-        count(|a| matches!(a, Action::Start)),
-        count(|a| matches!(a, Action::Restart(_))),
-        count(|a| matches!(a, Action::Stop)),
-    );
-    let mps_part = if starts + restarts + stops > 0 {
-        format!("; start {starts}, restart {restarts}, stop {stops} MPS daemons")
-    } else {
-        String::new()
-    };
-    let pending = AgentStatus::new(
-        Phase::Pending,
-        layout.clone(),
-        format!("applying '{name}': keep {kept}, destroy {destroyed}, create {created} GPU instances{mps_part}"),
-    );
-    on_pending(&with_counts(pending, 0));
     let leaving: Vec<String> = mps_plans
         .iter()
         .filter(|p| matches!(p.action, Action::Stop | Action::Restart(_)))
         .map(|p| p.paths.gpu_uuid.clone())
         .collect();
-    if let (Some(sink), false) = (slots, leaving.is_empty()) {
+    if let (Some(sink), false) = (edges.slots, leaving.is_empty()) {
         sink.leaving(&leaving);
     }
     let start = Instant::now();
-    if let Some(c) = clients {
+    if let Some(c) = edges.clients {
         if let Err(why) = c.pause() {
             c.resume();
             return failed(layout, format!("GPU clients did not stop, nothing was changed: {why}"), true);
         }
     }
-    let (reports, mps_reports) = execute_node(backend, &jobs, mps.map(|m| (m, mps_plans.as_slice())), s.exec);
-    if let Some(c) = clients {
+    let (reports, mps_reports) = execute_node(backend, &jobs, edges.mps.map(|m| (m, mps_plans.as_slice())), s.exec);
+    if let Some(c) = edges.clients {
         c.resume();
     }
     let ms = start.elapsed().as_millis() as u64;

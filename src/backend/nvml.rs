@@ -135,6 +135,7 @@ impl NvmlBackend {
                             placement: Placement::new(cstart, csize),
                             uuid: String::new(),
                             processes: Vec::new(),
+                            pods: Vec::new(),
                         });
                     }
                 }
@@ -266,6 +267,7 @@ impl GpuBackend for NvmlBackend {
             instances,
             processes: gpu_processes,
             compute_mode,
+            pods: Vec::new(),
         })
     }
 

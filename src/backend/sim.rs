@@ -148,6 +148,7 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
                     placement: c.placement,
                     uuid: c.uuid.clone(),
                     processes: c.processes.iter().map(to_process).collect(),
+                    pods: Vec::new(),
                 })
                 .collect(),
         })
@@ -171,6 +172,7 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
         instances,
         processes: g.processes.iter().map(to_process).collect(),
         compute_mode: g.compute_mode,
+        pods: Vec::new(),
     })
 }
 

@@ -72,7 +72,11 @@ fn apply_with_hooks(
         Ok(())
     };
     let mps = crate::mps::Mps::from_args(g);
-    let pass = match reconfigure::run_with(backend.as_ref(), config, opts, Some(&mps), &mut before) {
+    let pods = crate::kubelet::pod_resources::PodResources::from_args(g);
+    // Off Kubernetes there is no socket: nothing to say. A socket that fails is worth a warning.
+    let source = pods.socket.exists().then(|| crate::kubelet::pod_resources::Reported::new(pods, Box::new(|_| {})));
+    let allocations = source.as_ref().map(|s| s as &dyn crate::kubelet::pod_resources::AllocationSource);
+    let pass = match reconfigure::run_with(backend.as_ref(), config, opts, Some(&mps), allocations, &mut before) {
         Ok(p) => p,
         Err(PassError::Prepare(e)) => {
             eprintln!("error: nothing was changed; config '{}' cannot be applied:", config.name);

@@ -16,6 +16,8 @@ use std::process::ExitCode;
 pub struct StatusDoc {
     /// Schema version of this document.
     pub schema_version: u32,
+    /// The kubelet's PodResources, as read for this document (null when not read).
+    pub pod_resources: Option<crate::kubelet::pod_resources::SourceStatus>,
     /// One entry per GPU.
     pub gpus: Vec<GpuStatus>,
 }
@@ -47,6 +49,8 @@ pub struct GpuStatus {
     pub fragmentation: crate::frag::GpuFrag,
     /// Compute mode (`default`, `exclusive_process`, …).
     pub compute_mode: crate::observed::ComputeMode,
+    /// Containers the kubelet allocated the whole GPU or its MPS slots to.
+    pub pods: Vec<crate::observed::PodUse>,
     /// The GPU's MPS control daemon, when one runs or gpupart configured one (else null).
     pub mps: Option<MpsStatus>,
 }
@@ -105,10 +109,12 @@ pub struct InstanceStatus {
     pub compute_instance_id: Option<u32>,
     /// `MIG-…` UUID (null for a GI without CIs).
     pub uuid: Option<String>,
-    /// Whether processes use it.
+    /// Whether processes use it or the kubelet allocated it to a pod.
     pub busy: bool,
     /// Those processes.
     pub processes: Vec<Process>,
+    /// Containers the kubelet allocated it to (PodResources).
+    pub pods: Vec<crate::observed::PodUse>,
 }
 
 /// Free capacity of a MIG GPU.
@@ -148,6 +154,7 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
                         uuid: None,
                         busy: gi.busy(),
                         processes: gi.processes.clone(),
+                        pods: Vec::new(),
                     });
                 }
                 for ci in &gi.cis {
@@ -159,8 +166,9 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
                         gpu_instance_id: gi.id,
                         compute_instance_id: Some(ci.id),
                         uuid: Some(ci.uuid.clone()),
-                        busy: !procs.is_empty(),
+                        busy: !procs.is_empty() || !ci.pods.is_empty(),
                         processes: procs,
+                        pods: ci.pods.clone(),
                     });
                 }
             }
@@ -192,11 +200,12 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
                 processes: s.processes.clone(),
                 fragmentation,
                 compute_mode: s.compute_mode,
+                pods: s.pods.clone(),
                 mps: mps.zip(daemon).map(|(m, d)| mps_status(m, s, d)),
             }
         })
         .collect();
-    StatusDoc { schema_version: 1, gpus }
+    StatusDoc { schema_version: 1, pod_resources: None, gpus }
 }
 
 fn table(doc: &StatusDoc) -> String {
@@ -216,8 +225,9 @@ fn table(doc: &StatusDoc) -> String {
                 writeln!(out, "  {:<12} {:<9} {:>3} {:>3}  {:<40}  BUSY", "PROFILE", "PLACEMENT", "GI", "CI", "UUID");
             for i in &g.instances {
                 let busy = if i.busy {
-                    let pids: Vec<String> = i.processes.iter().map(|p| p.pid.to_string()).collect();
-                    format!("yes (pid {})", pids.join(","))
+                    let mut users: Vec<String> = i.processes.iter().map(|p| format!("pid {}", p.pid)).collect();
+                    users.extend(i.pods.iter().map(|p| format!("pod {}/{}/{}", p.namespace, p.pod, p.container)));
+                    format!("yes ({})", users.join(", "))
                 } else {
                     "no".into()
                 };
@@ -282,9 +292,12 @@ fn table(doc: &StatusDoc) -> String {
 /// Runs `status`.
 pub fn run(g: &GlobalArgs, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
-    let states = backend.observe_all().context("reading the GPUs")?;
+    let mut states = backend.observe_all().context("reading the GPUs")?;
+    let (uses, source) = crate::kubelet::pod_resources::PodResources::from_args(g).probe();
+    crate::kubelet::allocations::attach(&mut states, &uses.unwrap_or_default());
     let mps = crate::mps::Mps::from_args(g);
-    let doc = status_doc(&states, Some(&mps));
+    let mut doc = status_doc(&states, Some(&mps));
+    doc.pod_resources = Some(source);
     match a.output {
         StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
         StatusFormat::Table => print!("{}", table(&doc)),

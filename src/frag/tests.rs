@@ -25,6 +25,7 @@ fn gpu(model: &str, gis: &[(&str, u32)]) -> GpuState {
                 placement: Placement::new(0, slices),
                 uuid: String::new(),
                 processes: vec![],
+                pods: Vec::new(),
             }],
             processes: vec![],
         });

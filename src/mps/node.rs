@@ -123,16 +123,24 @@ pub fn want(job: &Job) -> Want {
 
 /// Decides one GPU (pure). A daemon with connected clients is not stopped or restarted unless
 /// `force`; the error names its clients.
-pub fn decide(want: Want, st: &DaemonStatus, force: bool) -> Result<Action, String> {
+pub fn decide(want: Want, st: &DaemonStatus, pods: &[crate::observed::PodUse], force: bool) -> Result<Action, String> {
     let busy = |what: &str| -> Result<Action, String> {
-        if st.clients.is_empty() || force {
+        if (st.clients.is_empty() && pods.is_empty()) || force {
             return Ok(if what == "stop" { Action::Stop } else { Action::Restart(what.to_string()) });
         }
-        let pids: Vec<String> = st.clients.iter().map(ToString::to_string).collect();
+        let mut users = Vec::new();
+        if !st.clients.is_empty() {
+            let pids: Vec<String> = st.clients.iter().map(ToString::to_string).collect();
+            users.push(format!("connected clients (pids {})", pids.join(", ")));
+        }
+        if !pods.is_empty() {
+            let names: Vec<String> = pods.iter().map(ToString::to_string).collect();
+            users.push(format!("slots allocated to pod {}", names.join(", ")));
+        }
         Err(format!(
-            "the MPS daemon (pid {}) has connected clients (pids {}); it is not {} without --force",
+            "the MPS daemon (pid {}) has {}; it is not {} without --force",
             st.pid.unwrap_or_default(),
-            pids.join(", "),
+            users.join(" and "),
             if what == "stop" { "stopped".to_string() } else { format!("restarted ({what})") }
         ))
     };
@@ -190,7 +198,7 @@ impl Mps {
             let info = &job.state.info;
             let want = want(job);
             let status = if want == Want::Leave { DaemonStatus::default() } else { self.probe(&job.state) };
-            match decide(want, &status, force) {
+            match decide(want, &status, &job.state.pods, force) {
                 Ok(action) => out.push(GpuMps {
                     gpu: info.index,
                     model: info.model.clone(),

@@ -92,6 +92,8 @@ pub struct BusyInstance {
     pub uuids: Vec<String>,
     /// Processes using it.
     pub processes: Vec<Process>,
+    /// Containers the kubelet allocated its MIG devices to.
+    pub pods: Vec<crate::observed::PodUse>,
 }
 
 impl fmt::Display for BusyInstance {
@@ -105,7 +107,12 @@ impl fmt::Display for BusyInstance {
             .iter()
             .map(|p| if p.name.is_empty() { p.pid.to_string() } else { format!("{} ({})", p.pid, p.name) })
             .collect();
-        write!(f, ") is used by pid {}", pids.join(", "))
+        let pods: Vec<String> = self.pods.iter().map(ToString::to_string).collect();
+        match (pids.is_empty(), pods.is_empty()) {
+            (false, true) => write!(f, ") is used by pid {}", pids.join(", ")),
+            (true, false) => write!(f, ") is allocated to pod {}", pods.join(", ")),
+            _ => write!(f, ") is used by pid {} and allocated to pod {}", pids.join(", "), pods.join(", ")),
+        }
     }
 }
 
@@ -119,7 +126,7 @@ pub enum PlanError {
         reason: String,
     },
     /// Every arrangement destroys instances that are in use.
-    #[error("{} busy instance(s) would have to be destroyed: {}; {reason}. Stop the processes or pass --force", .instances.len(), .instances.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    #[error("{} busy instance(s) would have to be destroyed: {}; {reason}. Stop the processes (or pods) or pass --force", .instances.len(), .instances.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Blocked {
         /// The busy instances in the way.
         instances: Vec<BusyInstance>,
@@ -283,6 +290,7 @@ fn blocked(table: &ProfileTable, current: &[GiState], desired: &DesiredDevices, 
             placement: g.placement,
             uuids: g.cis.iter().map(|c| c.uuid.clone()).collect(),
             processes: g.all_processes().cloned().collect(),
+            pods: g.all_pods().cloned().collect(),
         })
         .collect();
     let reason = match remainder(desired, &busy) {

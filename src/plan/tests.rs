@@ -28,6 +28,7 @@ impl Gpu {
                 placement: Placement::new(0, slices),
                 uuid: format!("MIG-test-{id}"),
                 processes: Vec::new(),
+                pods: Vec::new(),
             }],
             processes: Vec::new(),
         });

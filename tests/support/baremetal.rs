@@ -2,7 +2,6 @@
 //! with a layout file, status file and node lock in the node's directory; killed on drop.
 
 use super::{example_config, Node};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -87,10 +86,6 @@ impl Agent {
 
     /// `GET path` on the agent's HTTP port; the whole response.
     pub fn get(&self, path: &str) -> String {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
+        super::http_get(self.port, path)
     }
 }

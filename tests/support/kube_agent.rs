@@ -47,8 +47,6 @@ pub fn start_config(node: &Node, api: &ApiServer, cfg: &str, extra: &[&str], env
         lock.to_str().unwrap(),
         "--reboot-guard",
         guard.to_str().unwrap(),
-        "--metrics-addr",
-        "127.0.0.1:0",
         "--retry-min",
         "100ms",
         "--retry-max",
@@ -56,6 +54,9 @@ pub fn start_config(node: &Node, api: &ApiServer, cfg: &str, extra: &[&str], env
         "--poll-interval",
         "200ms",
     ];
+    if !extra.contains(&"--metrics-addr") {
+        args.extend_from_slice(&["--metrics-addr", "127.0.0.1:0"]);
+    }
     args.extend_from_slice(extra);
     let mut env = env.to_vec();
     env.push(("KUBECONFIG", kubeconfig.to_str().unwrap()));

@@ -6,6 +6,7 @@ pub mod apiserver;
 pub mod baremetal;
 pub mod kube_agent;
 pub mod kubelet;
+pub mod pod_resources;
 
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
 macro_rules! on_both_backends {
@@ -119,6 +120,7 @@ const CLEARED_ENV: &[&str] = &[
     "GPUPART_MPS_SHM_SIZE",
     "GPUPART_MPS_ROOT",
     "GPUPART_MPS_CONTROL",
+    "GPUPART_POD_RESOURCES_SOCKET",
     "GPUPART_SIMULATE",
     "GPUPART_SIM_STATE",
     "MIG_PARTED_CONFIG_FILE",
@@ -182,6 +184,7 @@ impl Node {
         }
         c.env("RUST_LOG", "warn").env("GPUPART_MPS_SHM_SIZE", "0");
         c.env("GPUPART_MPS_ROOT", self.mps_root()).env("GPUPART_MPS_CONTROL", fake_mps_control());
+        c.env("GPUPART_POD_RESOURCES_SOCKET", self.pod_resources_socket());
         match self.backend {
             Backend::Sim => {
                 c.args(["--sim-state", self.state.to_str().unwrap()]);
@@ -196,6 +199,11 @@ impl Node {
             c.env(k, v);
         }
         c
+    }
+
+    /// The node's PodResources socket (absent unless a test serves it).
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.dir.path().join("pod-resources/kubelet.sock")
     }
 
     /// The node's `--mps-root` (inside its directory, so daemons exit when the test ends).
@@ -325,4 +333,14 @@ pub fn promtool(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `GET path` on a loopback port; the whole response.
+pub fn http_get(port: u16, path: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
 }
