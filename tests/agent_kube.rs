@@ -13,8 +13,41 @@ on_both_backends!(
     label_changes_reconfigure_and_report,
     bad_input_and_busy_instances_fail_clearly,
     survives_api_failures_and_stays_quiet,
-    absent_label_changes_nothing_and_foreign_layouts_fail
+    absent_label_changes_nothing_and_foreign_layouts_fail,
+    the_write_that_says_success_carries_the_new_summary
 );
+
+/// The Node never shows `success` next to the previous layout's summary: the write that sets
+/// the state carries the new `gpupart.io/gpus` and `gpupart.io/free-full-gpus`, even with a long
+/// rate limit for summary-only writes.
+fn the_write_that_says_success_carries_the_new_summary(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
+    let api = ApiServer::start(NODE);
+    api.label(LAYOUT, Some("all-balanced"));
+    let _agent = start(&node, &api, &["--annotation-min-interval", "1h"]);
+    wait_state(&api, "success", "all-balanced");
+    for (layout, instances, free) in [("all-1g.10gb", 7, "false"), ("all-disabled", 0, "true")] {
+        api.label(LAYOUT, Some(layout));
+        wait_state(&api, "success", layout);
+        let s = api.state();
+        let write = s
+            .patches
+            .iter()
+            .rev()
+            .find(|p| p["metadata"]["labels"][STATE] == "success")
+            .expect("a write that sets success")
+            .clone();
+        drop(s);
+        assert_eq!(write["metadata"]["annotations"]["gpupart.io/state-layout"], layout);
+        let gpus: serde_json::Value = serde_json::from_str(
+            write["metadata"]["annotations"]["gpupart.io/gpus"].as_str().expect("summary in the same write"),
+        )
+        .unwrap();
+        let layout_len = gpus[0]["layout"].as_array().map_or(0, Vec::len);
+        assert_eq!(layout_len, instances, "{layout}: {gpus}");
+        assert_eq!(write["metadata"]["labels"]["gpupart.io/free-full-gpus"], free, "{layout}");
+    }
+}
 
 fn absent_label_changes_nothing_and_foreign_layouts_fail(b: Backend) {
     let node = Node::with(b, "A30-24GB:1,V100-SXM2-16GB:1");

@@ -210,18 +210,15 @@ async fn async_main(
         metrics: metrics.clone(),
     };
     let collect_now = Arc::new(tokio::sync::Notify::new());
-    spawn_collector(
-        Collector {
-            backend: backend.clone(),
-            metrics: metrics.clone(),
-            mps: mps.clone(),
-            pods: pod_source.clone(),
-            summaries,
-            config: a.config_file.clone(),
-        },
-        collect_now.clone(),
-        a.metrics_interval,
-    );
+    let collector = Collector {
+        backend: backend.clone(),
+        metrics: metrics.clone(),
+        mps: mps.clone(),
+        pods: pod_source.clone(),
+        summaries,
+        config: a.config_file.clone(),
+    };
+    spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(http_state)).await {
             tracing::error!(error = %e, "HTTP server stopped");
@@ -325,10 +322,20 @@ async fn async_main(
             let _ = std::fs::remove_file(&a.reboot_guard);
         }
         deadline = tokio::time::Instant::now() + wait;
+        // The state and the summary of the GPUs as they are now go out in one write, so nobody
+        // reads `success` next to the previous layout's free GPUs.
+        if let Some(kube) = collector.summaries.clone() {
+            let c = collector.clone();
+            if let Ok(Some(summary)) = tokio::task::spawn_blocking(move || c.collect()).await {
+                kube.publish_with_summary(&status, summary);
+            }
+        }
         reporter.publish(&status);
         last_status = Some(status.clone());
         degraded = false;
-        collect_now.notify_one();
+        if collector.summaries.is_none() {
+            collect_now.notify_one();
+        }
         health.set_ready();
         health.beat();
         if reboot_now {
@@ -437,42 +444,49 @@ struct Collector {
 }
 
 /// Refreshes the metrics snapshot after every reconcile and every `every`; a scrape only renders it.
+impl Collector {
+    /// Reads the GPUs (with allocations and MPS daemons), refreshes the metrics snapshot and
+    /// returns the node summary (Kubernetes mode). Blocking.
+    fn collect(&self) -> Option<crate::kube::summary::Summary> {
+        let t = std::time::Instant::now();
+        let workload = std::fs::read_to_string(&self.config)
+            .ok()
+            .and_then(|text| crate::config::parse(&text).ok())
+            .map(|f| crate::frag::Workload { weights: f.workload });
+        let mut states = match self.backend.observe_all() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics collection failed");
+                self.metrics.collect_failed(t.elapsed().as_secs_f64());
+                return None;
+            }
+        };
+        if let Some(uses) =
+            self.pods.as_ref().and_then(|p| crate::kubelet::pod_resources::AllocationSource::read(p.as_ref()).ok())
+        {
+            crate::kubelet::allocations::attach(&mut states, &uses);
+        }
+        let daemons: Vec<_> = states.iter().map(|s| self.mps.observe(s)).collect();
+        self.metrics.update_with_mps(&states, &daemons, workload.as_ref(), t.elapsed().as_secs_f64());
+        self.summaries.as_ref()?;
+        let frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
+        let node = crate::frag::node_frag(&frags);
+        let configured = workload.as_ref().is_some_and(|w| !w.weights.is_empty());
+        Some(crate::kube::summary::summarize(&states, &frags, &node, configured))
+    }
+}
+
+/// Refreshes the metrics snapshot (and the rate-limited node summary) every `every` and when
+/// asked; a scrape only renders it.
 fn spawn_collector(collector: Collector, now: Arc<tokio::sync::Notify>, every: Duration) {
     tokio::spawn(async move {
         loop {
-            let Collector { backend, metrics, mps, pods, summaries, config } = collector.clone();
-            let (b, m, c, sink) = (backend, metrics, config, summaries);
-            let _ = tokio::task::spawn_blocking(move || {
-                let t = std::time::Instant::now();
-                let workload = std::fs::read_to_string(&c)
-                    .ok()
-                    .and_then(|text| crate::config::parse(&text).ok())
-                    .map(|f| crate::frag::Workload { weights: f.workload });
-                match b.observe_all() {
-                    Ok(mut states) => {
-                        if let Some(uses) = pods
-                            .as_ref()
-                            .and_then(|p| crate::kubelet::pod_resources::AllocationSource::read(p.as_ref()).ok())
-                        {
-                            crate::kubelet::allocations::attach(&mut states, &uses);
-                        }
-                        let daemons: Vec<_> = states.iter().map(|s| mps.observe(s)).collect();
-                        m.update_with_mps(&states, &daemons, workload.as_ref(), t.elapsed().as_secs_f64());
-                        if let Some(sink) = sink {
-                            let frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
-                            let node = crate::frag::node_frag(&frags);
-                            let configured = workload.as_ref().is_some_and(|w| !w.weights.is_empty());
-                            let summary = crate::kube::summary::summarize(&states, &frags, &node, configured);
-                            sink.publish_summary(summary);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "metrics collection failed");
-                        m.collect_failed(t.elapsed().as_secs_f64());
-                    }
+            let c = collector.clone();
+            if let Ok(Some(summary)) = tokio::task::spawn_blocking(move || c.collect()).await {
+                if let Some(sink) = &collector.summaries {
+                    sink.publish_summary(summary);
                 }
-            })
-            .await;
+            }
             tokio::select! {
                 _ = tokio::time::sleep(every) => {}
                 _ = now.notified() => {}

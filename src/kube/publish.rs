@@ -20,6 +20,8 @@ use tokio::sync::mpsc;
 enum Update {
     Status(AgentStatus, Option<Notice>),
     Summary(Summary),
+    /// A status and the summary of the GPUs it describes, applied together.
+    StatusWithSummary(AgentStatus, Summary),
 }
 
 /// The [`Reporter`] for Kubernetes: hands statuses (and node summaries) to a background publisher
@@ -86,6 +88,25 @@ impl KubeReporter {
                         last = Some(key(&status));
                     }
                     Some(Update::Status(_, Some(n))) => notify(&recorder, &reference, &n).await,
+                    Some(Update::StatusWithSummary(status, summary)) => {
+                        let new_state = status.state != Phase::Idle && last.as_ref() != Some(&key(&status));
+                        let new_summary = owned.summary.as_ref() != Some(&summary);
+                        if new_state {
+                            owned.state = Some(status.clone());
+                        }
+                        if new_summary {
+                            owned.summary = Some(summary);
+                            deferred = None;
+                            last_summary_write = Some(tokio::time::Instant::now());
+                        }
+                        if new_state || new_summary {
+                            apply(&api, &node, &owned, &prefix).await;
+                        }
+                        if new_state {
+                            event(&recorder, &reference, &status).await;
+                            last = Some(key(&status));
+                        }
+                    }
                     Some(Update::Summary(s)) => deferred = Some(s),
                     Some(Update::Status(_, None)) | None => {}
                 }
@@ -208,6 +229,12 @@ async fn notify(recorder: &Events, reference: &ObjectReference, n: &Notice) {
 }
 
 impl KubeReporter {
+    /// Publishes a status and the node summary of the GPUs it describes in one write (the summary
+    /// is not rate-limited here: it belongs to the state).
+    pub fn publish_with_summary(&self, status: &AgentStatus, summary: Summary) {
+        let _ = self.tx.send(Update::StatusWithSummary(status.clone(), summary));
+    }
+
     /// Publishes a node summary (applied only when it differs from the last one, rate-limited).
     pub fn publish_summary(&self, summary: Summary) {
         let _ = self.tx.send(Update::Summary(summary));

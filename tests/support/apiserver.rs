@@ -37,6 +37,8 @@ pub struct ApiState {
     pub expire_watches: u32,
     /// Pods reported by `GET /api/v1/pods`.
     pub pods: Vec<Value>,
+    /// Every node PATCH body accepted, in order.
+    pub patches: Vec<Value>,
 }
 
 #[derive(Clone)]
@@ -190,6 +192,7 @@ async fn handle(
                 if name != s.node {
                     return status(404, "NotFound", "node not found");
                 }
+                s.patches.push(patch.clone());
                 let md = &patch["metadata"];
                 if content_type.starts_with("application/apply-patch") {
                     let manager = q.get("fieldManager").cloned().unwrap_or_default();
