@@ -210,6 +210,12 @@ pub struct AgentArgs {
     /// Listen address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = crate::http::DEFAULT_ADDR)]
     pub metrics_addr: std::net::SocketAddr,
+    /// HTTP connections served at once (more are closed at accept).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub http_max_connections: u32,
+    /// Longest time one HTTP connection may take to send its request and get the answer.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub http_timeout: std::time::Duration,
     /// Node-local lock file: a second agent on the node refuses to start.
     #[arg(long, default_value = "/run/gpupart/agent.lock")]
     pub lock_file: PathBuf,

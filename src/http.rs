@@ -91,3 +91,45 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .with_state(state)
 }
+
+/// Limits of the HTTP server: a slow or flooding client cannot hold it.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Connections served at once; more are closed at accept.
+    pub max_connections: usize,
+    /// Longest time for one connection: reading the request, answering it (one request per
+    /// connection; no keep-alive).
+    pub timeout: std::time::Duration,
+}
+
+/// Serves `app` on `listener` under `limits` until the listener fails.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router, limits: ServeLimits) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting an HTTP connection failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::debug!("too many HTTP connections; closing one at accept");
+            drop(stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new()).header_read_timeout(limits.timeout).keep_alive(false);
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            if tokio::time::timeout(limits.timeout, conn).await.is_err() {
+                tracing::debug!("an HTTP connection ran past its time limit; closed");
+            }
+        });
+    }
+}

@@ -210,6 +210,8 @@ async fn async_main(
         metrics: metrics.clone(),
     };
     let collect_now = Arc::new(tokio::sync::Notify::new());
+    let http_limits =
+        crate::http::ServeLimits { max_connections: a.http_max_connections as usize, timeout: a.http_timeout };
     let collector = Collector {
         backend: backend.clone(),
         metrics: metrics.clone(),
@@ -220,9 +222,7 @@ async fn async_main(
     };
     spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(http_state)).await {
-            tracing::error!(error = %e, "HTTP server stopped");
-        }
+        crate::http::serve(listener, router(http_state), http_limits).await;
     });
 
     spawn_signals(tx.clone())?;
