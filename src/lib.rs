@@ -13,6 +13,7 @@ pub mod commands;
 pub mod config;
 pub mod exec;
 pub mod frag;
+pub mod fuzzing;
 pub mod hooks;
 pub mod http;
 pub mod kube;

@@ -49,7 +49,9 @@ fn slow_and_flooding_clients_cannot_hold_the_server() {
         let mut buf = [0u8; 64];
         match s.read(&mut buf) {
             Ok(0) => {}
-            Ok(n) => assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"), "slow client got an answer"),
+            Ok(n) => {
+                assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"), "slow client got an answer")
+            }
             Err(e) => panic!("slow client not cut off within 3 s: {e}"),
         }
     }

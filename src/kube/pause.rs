@@ -61,11 +61,8 @@ pub async fn restore(client: &Client, node: &str) {
                 return Ok(());
             };
             let labels = n.metadata.labels.unwrap_or_default();
-            let restore: Map<String, Value> = list
-                .split(',')
-                .filter(|k| labels.get(*k).map(String::as_str) == Some(PAUSED))
-                .map(|k| (k.to_string(), json!("true")))
-                .collect();
+            let restore: Map<String, Value> =
+                to_restore(&list, &labels).into_iter().map(|k| (k, json!("true"))).collect();
             tracing::info!(labels = ?restore.keys().collect::<Vec<_>>(), "restoring paused GPU clients");
             merge_patch(client, node, restore, Value::Null).await
         }
@@ -142,4 +139,15 @@ impl Clients for KubeClients {
     fn resume(&self) {
         self.handle.block_on(restore(&self.client, &self.node));
     }
+}
+
+/// The labels to set back to `true`: those named in the paused-clients annotation (read back
+/// from the Node, so any text) that still hold the paused value.
+pub fn to_restore(annotation: &str, labels: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    annotation
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && labels.get(*k).map(String::as_str) == Some(PAUSED))
+        .map(str::to_string)
+        .collect()
 }
