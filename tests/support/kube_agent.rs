@@ -60,7 +60,9 @@ pub fn start_config(node: &Node, api: &ApiServer, cfg: &str, extra: &[&str], env
     args.extend_from_slice(extra);
     let mut env = env.to_vec();
     env.push(("KUBECONFIG", kubeconfig.to_str().unwrap()));
-    let child = node.command(&args, &env).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let log = std::env::var_os("GPUPART_TEST_AGENT_LOG").and_then(|p| std::fs::File::create(p).ok());
+    let stderr = log.map_or_else(Stdio::null, Stdio::from);
+    let child = node.command(&args, &env).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
     Agent(child)
 }
 
