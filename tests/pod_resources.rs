@@ -44,6 +44,7 @@ fn allocated_idle_instance_survives_and_the_refusal_names_the_pod(b: Backend) {
     let (node, uuid) = node_with_1g(b);
     let pods = FakePodResources::start(&node.pod_resources_socket());
     pods.set(vec![("serving", "llm-0", "vllm", MIG_RES.to_string(), uuid.clone())]);
+    pods.set_allocatable(vec![(MIG_RES.to_string(), uuid.clone()), (MIG_RES.to_string(), "MIG-other".to_string())]);
     let cfg = example_config();
     let before = node.load();
     let out = node.apply_result(&cfg, "all-balanced").failed();
@@ -54,6 +55,7 @@ fn allocated_idle_instance_survives_and_the_refusal_names_the_pod(b: Backend) {
     let s = node.status();
     assert_eq!(s["pod_resources"]["available"], true);
     assert_eq!(s["pod_resources"]["allocations"], 1);
+    assert_eq!(s["pod_resources"]["allocatable"], 2);
     let inst =
         s["gpus"][0]["instances"].as_array().unwrap().iter().find(|i| i["uuid"] == uuid.as_str()).unwrap().clone();
     assert_eq!(inst["busy"], true);

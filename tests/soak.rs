@@ -92,13 +92,7 @@ fn launch(node: &Node, api: &ApiServer, cfg: &str, rng: &mut Rng, delay: &str, t
     let fault = format!("{}:{}:NVML_ERROR_UNKNOWN", FAULTS[rng.below(4) as usize], 1 + rng.below(150));
     tally.nvml_faults += 1;
     let env = [("FAKE_NVML_OP_DELAY_MS", delay), ("FAKE_NVML_FAIL", fault.as_str())];
-    start_config(
-        node,
-        api,
-        cfg,
-        &["--resync-interval", "1h", "--metrics-interval", "1h"],
-        &env,
-    )
+    start_config(node, api, cfg, &["--resync-interval", "1h", "--metrics-interval", "1h"], &env)
 }
 
 fn pid(agent: &Agent) -> u32 {

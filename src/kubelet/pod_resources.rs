@@ -4,7 +4,7 @@
 
 use super::allocations::flatten;
 use super::podresources::pod_resources_lister_client::PodResourcesListerClient;
-use super::podresources::ListPodResourcesRequest;
+use super::podresources::{AllocatableResourcesRequest, ListPodResourcesRequest};
 use crate::observed::PodUse;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -37,6 +37,8 @@ pub struct SourceStatus {
     pub available: bool,
     /// Allocated devices seen (0 when unavailable).
     pub allocations: usize,
+    /// Devices the kubelet can allocate (`GetAllocatableResources`; null where not served).
+    pub allocatable: Option<usize>,
     /// Why it could not be read.
     pub error: Option<String>,
 }
@@ -65,30 +67,50 @@ impl PodResources {
             .map_err(|_| format!("{at}: no answer within {} ms", self.timeout.as_millis()))?
     }
 
-    /// Reads once and says how it went.
+    /// `GetAllocatableResources`: device ids the kubelet can hand out (`None` where not served).
+    async fn allocatable(&self) -> Option<usize> {
+        let call = async {
+            let channel = super::unix_channel(self.socket.clone()).await.ok()?;
+            let resp = PodResourcesListerClient::new(channel)
+                .get_allocatable_resources(AllocatableResourcesRequest {})
+                .await
+                .ok()?;
+            Some(resp.into_inner().devices.iter().map(|d| d.device_ids.len()).sum())
+        };
+        tokio::time::timeout(self.timeout, call).await.ok().flatten()
+    }
+
+    /// Reads once (and what is allocatable, where served) and says how it went.
     pub fn probe(&self) -> (Result<Vec<PodUse>, String>, SourceStatus) {
         let r = self.read();
+        let allocatable = if r.is_ok() { self.block(self.allocatable()).ok().flatten() } else { None };
         let st = SourceStatus {
             socket: self.socket.display().to_string(),
             available: r.is_ok(),
             allocations: r.as_ref().map_or(0, Vec::len),
+            allocatable,
             error: r.as_ref().err().cloned(),
         };
         (r, st)
+    }
+
+    /// Runs `f` to completion from blocking code (inside or outside a runtime).
+    fn block<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T, String> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => Ok(h.block_on(f)),
+            Err(_) => Ok(tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("starting a runtime for PodResources: {e}"))?
+                .block_on(f)),
+        }
     }
 }
 
 impl AllocationSource for PodResources {
     /// Blocking: call from a blocking thread (or outside any runtime).
     fn read(&self) -> Result<Vec<PodUse>, String> {
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => h.block_on(self.list()),
-            Err(_) => tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("starting a runtime for PodResources: {e}"))?
-                .block_on(self.list()),
-        }
+        self.block(self.list())?
     }
 }
 

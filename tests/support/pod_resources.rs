@@ -20,6 +20,7 @@ struct State {
     current: Vec<Alloc>,
     script: VecDeque<Vec<Alloc>>,
     calls: usize,
+    allocatable: Vec<(String, String)>,
 }
 
 fn response(allocs: &[Alloc]) -> ListPodResourcesResponse {
@@ -66,7 +67,17 @@ impl PodResourcesLister for Lister {
         &self,
         _: Request<AllocatableResourcesRequest>,
     ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Ok(Response::new(AllocatableResourcesResponse::default()))
+        let st = self.0.lock().unwrap();
+        let devices = st
+            .allocatable
+            .iter()
+            .map(|(resource, id)| ContainerDevices {
+                resource_name: resource.clone(),
+                device_ids: vec![id.clone()],
+                topology: None,
+            })
+            .collect();
+        Ok(Response::new(AllocatableResourcesResponse { devices, ..Default::default() }))
     }
 
     async fn get(&self, _: Request<GetPodResourcesRequest>) -> Result<Response<GetPodResourcesResponse>, Status> {
@@ -112,6 +123,11 @@ impl FakePodResources {
     /// Answers the next calls with these lists, one per call (the last then stays).
     pub fn script(&self, lists: Vec<Vec<Alloc>>) {
         self.state.lock().unwrap().script = lists.into();
+    }
+
+    /// What `GetAllocatableResources` answers: (resource, device id).
+    pub fn set_allocatable(&self, devices: Vec<(String, String)>) {
+        self.state.lock().unwrap().allocatable = devices;
     }
 
     /// `List` calls so far.
