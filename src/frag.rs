@@ -238,12 +238,19 @@ pub fn node_gpu_frags(
             let mut g = gpu_frag(s, workload);
             if let Some(Some(d)) = daemons.get(i) {
                 if let (Some(settings), true) = (d.settings, d.running()) {
-                    count_mps_slots(&mut g, settings.replicas, d.clients.len() as u32);
+                    let used = (d.clients.len() as u32).max(allocated_slots(s));
+                    count_mps_slots(&mut g, settings.replicas, used);
                 }
             }
             g
         })
         .collect()
+}
+
+/// MPS slots of this GPU the kubelet allocated to pods (`<gpu-uuid>::<n>` ids in PodResources).
+pub fn allocated_slots(state: &GpuState) -> u32 {
+    let prefix = format!("{}::", state.info.uuid);
+    state.pods.iter().filter(|p| p.device_id.starts_with(&prefix)).count() as u32
 }
 
 /// Node totals over GPU figures.

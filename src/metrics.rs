@@ -262,7 +262,7 @@ impl Metrics {
         }
         for (s, d) in states.iter().zip(daemons) {
             if let Some(d) = d {
-                self.set_mps(&s.info.uuid, d);
+                self.set_mps(s, d);
             }
         }
         for (s, f) in states.iter().zip(&frags) {
@@ -346,14 +346,17 @@ impl Metrics {
     }
 
     /// One GPU's MPS gauges (under the update lock).
-    fn set_mps(&self, uuid: &str, d: &DaemonStatus) {
+    fn set_mps(&self, s: &GpuState, d: &DaemonStatus) {
+        let uuid = s.info.uuid.as_str();
         let up = if d.up { 1.0 } else { 0.0 };
         self.mps_up.get_or_create(&l(&[("uuid", uuid)])).set(up);
         self.mps_clients.get_or_create(&l(&[("uuid", uuid)])).set(d.clients.len() as f64);
+        let allocated = crate::frag::allocated_slots(s);
         let Some(s) = d.settings else { return };
         let in_use = d.clients.len().min(s.replicas as usize) as f64;
         self.mps_slots.get_or_create(&l(&[("uuid", uuid), ("state", "total")])).set(f64::from(s.replicas));
         self.mps_slots.get_or_create(&l(&[("uuid", uuid), ("state", "in_use")])).set(in_use);
+        self.mps_slots.get_or_create(&l(&[("uuid", uuid), ("state", "allocated")])).set(f64::from(allocated));
         if let Some(p) = s.active_thread_percentage {
             self.mps_thread_pct.get_or_create(&l(&[("uuid", uuid)])).set(f64::from(p));
         }

@@ -87,10 +87,11 @@ fn killed_daemon_is_restarted_and_counted(b: Backend) {
         ]
     );
     assert_eq!(agent.status()["state"], "success");
+    // The counter moves at once; the gauges with the next snapshot, right after the restart.
     wait_until("the restart in /metrics", Duration::from_secs(5), || {
-        agent
-            .get("/metrics")
-            .contains(&format!("gpupart_mps_daemon_restarts_total{{uuid=\"{u0}\",result=\"success\"}} 1"))
+        let m = agent.get("/metrics");
+        m.contains(&format!("gpupart_mps_daemon_restarts_total{{uuid=\"{u0}\",result=\"success\"}} 1"))
+            && m.contains(&format!("gpupart_mps_daemon_up{{uuid=\"{u0}\"}} 1"))
     });
     let m = agent.get("/metrics");
     promtool(m.split_once("\r\n\r\n").map_or("", |(_, b)| b));

@@ -43,11 +43,25 @@ fn mixed_node_serves_mig_and_mps_slots(b: Backend) {
     let kubelet = FakeKubelet::start(&node.dir.path().join("device-plugins"));
     let cfg = node.config("mixed.yaml", CONFIG);
     api.label(LAYOUT, Some("mixed"));
+    let pods = support::pod_resources::FakePodResources::start(&node.pod_resources_socket());
+    let port = support::baremetal::free_port();
+    let addr = format!("127.0.0.1:{port}");
     let _agent = start_config(
         &node,
         &api,
         &cfg,
-        &["--annotation-min-interval", "100ms", "--slot-retire-grace", "500ms", "--mps-health-interval", "200ms"],
+        &[
+            "--annotation-min-interval",
+            "100ms",
+            "--slot-retire-grace",
+            "500ms",
+            "--mps-health-interval",
+            "200ms",
+            "--metrics-interval",
+            "200ms",
+            "--metrics-addr",
+            &addr,
+        ],
         &[],
     );
     wait_state(&api, "success", "mixed");
@@ -89,6 +103,15 @@ fn mixed_node_serves_mig_and_mps_slots(b: Backend) {
     let shm = node.mps_dir(&v0).join("shm").display().to_string();
     assert_eq!(mounts, [(pipe.as_str(), pipe.as_str()), ("/dev/shm", shm.as_str())]);
     println!("Allocate({slot}) = envs {:?}, mounts {mounts:?}", c.envs);
+    // The kubelet reports the slot allocated (PodResources): metrics and fragmentation count it.
+    pods.set(vec![("serving", "small", "llm", "gpupart.io/mps".to_string(), slot.clone())]);
+    let want = format!("gpupart_mps_slots{{uuid=\"{v0}\",state=\"allocated\"}} 1");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !support::http_get(port, "/metrics").contains(&want) {
+        assert!(std::time::Instant::now() < deadline, "no {want}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    pods.set(vec![]);
     // Spanning two GPUs is refused with a message the pod's events show.
     let e = kubelet.allocate(&[&format!("{v0}::0"), &format!("{v1}::0")]).unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
