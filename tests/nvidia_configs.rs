@@ -7,7 +7,7 @@ mod support;
 use gpupart::backend::sim::SimBackend;
 use gpupart::backend::GpuBackend;
 use gpupart::prepare::{targets, Target};
-use support::{nvidia_config, Backend, Node};
+use support::{nvidia_config, Backend, Node, EIGHTY_GB};
 
 on_both_backends!(a100_80gb, a100_40gb, a30, hopper, example_configs_apply);
 
@@ -38,20 +38,6 @@ fn apply_all(b: Backend, model: &str, expect: &[&str]) {
         node.run(&["assert", "-f", file, "-c", name]).ok();
     }
 }
-
-/// The A100-80GB / H100-80GB group shares one profile-name family in NVIDIA's file.
-const EIGHTY_GB: [&str; 10] = [
-    "all-disabled",
-    "all-enabled",
-    "all-1g.10gb",
-    "all-1g.10gb.me",
-    "all-1g.20gb",
-    "all-2g.20gb",
-    "all-3g.40gb",
-    "all-4g.40gb",
-    "all-7g.80gb",
-    "all-balanced",
-];
 
 fn a100_80gb(b: Backend) {
     apply_all(b, "A100-SXM4-80GB", &EIGHTY_GB);

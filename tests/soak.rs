@@ -18,7 +18,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 use support::apiserver::ApiServer;
 use support::kube_agent::{start_config, Agent, LAYOUT, NODE, STATE};
-use support::{nvidia_config, Backend, Node};
+use support::{nvidia_config, Backend, Node, EIGHTY_GB};
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
@@ -37,20 +37,6 @@ impl Rng {
         self.below(100) < percent
     }
 }
-
-/// NVIDIA's default layouts that apply to an A100-SXM4-80GB.
-const LAYOUTS: [&str; 10] = [
-    "all-disabled",
-    "all-enabled",
-    "all-1g.10gb",
-    "all-1g.10gb.me",
-    "all-1g.20gb",
-    "all-2g.20gb",
-    "all-3g.40gb",
-    "all-4g.40gb",
-    "all-7g.80gb",
-    "all-balanced",
-];
 
 const FAULTS: [&str; 4] = [
     "nvmlDeviceCreateGpuInstanceWithPlacement",
@@ -140,7 +126,7 @@ fn soak(changes: usize) {
     let started = Instant::now();
     for i in 0..changes {
         let next = loop {
-            let l = LAYOUTS[rng.below(LAYOUTS.len() as u64) as usize];
+            let l = EIGHTY_GB[rng.below(EIGHTY_GB.len() as u64) as usize];
             if l != current {
                 break l;
             }

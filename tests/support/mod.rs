@@ -344,3 +344,17 @@ pub fn http_get(port: u16, path: &str) -> String {
     s.read_to_string(&mut out).unwrap();
     out
 }
+
+/// The A100-80GB / H100-80GB group shares one profile-name family in NVIDIA's file.
+pub const EIGHTY_GB: [&str; 10] = [
+    "all-disabled",
+    "all-enabled",
+    "all-1g.10gb",
+    "all-1g.10gb.me",
+    "all-1g.20gb",
+    "all-2g.20gb",
+    "all-3g.40gb",
+    "all-4g.40gb",
+    "all-7g.80gb",
+    "all-balanced",
+];
