@@ -8,7 +8,7 @@ use crate::exec::{ExecError, ExecOptions, Outcome};
 use crate::kubelet::pod_resources::AllocationSource;
 use crate::mps::supervise::Watch;
 use crate::mps::{Action, Mps, Want};
-use crate::reconfigure::{execute_node, plan_node, recheck, PassError, Planned, REPLANS};
+use crate::reconfigure::{execute_node, plan_settled, PassError, Planned};
 use std::time::Instant;
 
 /// What the agent was asked to do.
@@ -135,46 +135,26 @@ pub fn reconcile(
             false,
         );
     };
-    let mut replans = 0;
-    let (jobs, mps_plans) = loop {
-        let planned = match plan_node(backend, config, s.force, false, edges.mps, edges.allocations) {
-            Ok(p) => p,
-            Err(PassError::Observe(e)) => return failed(layout, format!("reading the GPUs: {e}"), true),
-            Err(PassError::Prepare(e)) => return failed(layout, e.problems.join("; "), e.blocked),
-            Err(e) => return failed(layout, e.to_string(), true),
-        };
-        let jobs = &planned.jobs;
-        if !jobs.is_empty() && jobs.iter().all(|j| matches!(j.target, crate::prepare::Target::Leave { .. })) {
-            let models: Vec<String> = jobs.iter().map(|j| j.state.info.model.clone()).collect();
-            return failed(
-                layout,
-                format!("layout '{name}' has no entry for this node's GPUs ({})", models.join(", ")),
-                false,
-            );
-        }
-        if jobs.iter().all(|j| j.is_noop()) && planned.mps_plans.iter().all(|p| !p.action.changes()) {
-            break (planned.jobs, planned.mps_plans);
-        }
-        on_pending(&pending_status(layout, name, &planned));
-        // Read the kubelet's allocations again: a pod admitted since planning must not lose its device.
-        let fresh = recheck(&planned, edges.allocations, s.force);
-        if fresh.is_empty() {
-            break (planned.jobs, planned.mps_plans);
-        }
-        let pods: Vec<String> = fresh.iter().map(ToString::to_string).collect();
-        replans += 1;
-        if replans >= REPLANS {
-            return failed(
-                layout,
-                format!(
-                    "nothing was changed: the kubelet kept allocating devices of the change to pods ({})",
-                    pods.join(", ")
-                ),
-                true,
-            );
-        }
-        tracing::warn!(pods = %pods.join(", "), "a pod was allocated a device of the planned change; planning again");
+    // Plans, announces the change, and reads the kubelet's allocations again right before it:
+    // a pod admitted since planning must not lose its device (then it plans again).
+    let opts = crate::reconfigure::Options { force: s.force, mode_only: false, exec: s.exec };
+    let planned = plan_settled(backend, config, opts, edges.mps, edges.allocations, &mut |p| {
+        on_pending(&pending_status(layout, name, p))
+    });
+    let Planned { jobs, mps_plans, .. } = match planned {
+        Ok(p) => p,
+        Err(PassError::Observe(e)) => return failed(layout, format!("reading the GPUs: {e}"), true),
+        Err(PassError::Prepare(e)) => return failed(layout, e.problems.join("; "), e.blocked),
+        Err(e) => return failed(layout, e.to_string(), true),
     };
+    if !jobs.is_empty() && jobs.iter().all(|j| matches!(j.target, crate::prepare::Target::Leave { .. })) {
+        let models: Vec<String> = jobs.iter().map(|j| j.state.info.model.clone()).collect();
+        return failed(
+            layout,
+            format!("layout '{name}' has no entry for this node's GPUs ({})", models.join(", ")),
+            false,
+        );
+    }
     let serving: Vec<Watch> = jobs
         .iter()
         .filter_map(|j| match crate::mps::node::want(j) {

@@ -55,43 +55,23 @@ pub struct GpuStatus {
     pub mps: Option<MpsStatus>,
 }
 
-/// One GPU's MPS daemon in `status -o json`.
+/// One GPU's MPS daemon in `status -o json`: the daemon as read (pid, up, limits read back,
+/// servers, clients, error) plus what gpupart configured.
 #[derive(Debug, Serialize)]
 pub struct MpsStatus {
-    /// Daemon pid while the process lives.
-    pub pid: Option<u32>,
-    /// Whether it answers the health round trip.
-    pub up: bool,
+    /// The daemon as read.
+    #[serde(flatten)]
+    pub daemon: crate::mps::daemon::DaemonStatus,
     /// Client slots gpupart configured (null when gpupart did not start it).
     pub replicas: Option<u32>,
-    /// Default active thread percentage per client, as the daemon reads it back.
-    pub active_thread_percentage: Option<String>,
-    /// Default pinned device memory limit per client, as the daemon reads it back.
-    pub pinned_memory_limit: Option<String>,
-    /// MPS server pids.
-    pub servers: Vec<u32>,
-    /// Connected client pids.
-    pub clients: Vec<u32>,
     /// The pipe directory clients use (`CUDA_MPS_PIPE_DIRECTORY`).
     pub pipe_directory: String,
-    /// Why it is not up.
-    pub error: Option<String>,
 }
 
 /// The MPS part of `status` for one GPU, from its daemon as read.
 pub fn mps_status(mps: &crate::mps::Mps, state: &GpuState, st: crate::mps::daemon::DaemonStatus) -> MpsStatus {
-    let paths = mps.paths(&state.info.uuid);
-    MpsStatus {
-        pid: st.pid,
-        up: st.up,
-        replicas: st.settings.map(|s| s.replicas),
-        active_thread_percentage: st.active_thread_percentage,
-        pinned_memory_limit: st.pinned_memory_limit,
-        servers: st.servers,
-        clients: st.clients,
-        pipe_directory: paths.pipe().display().to_string(),
-        error: st.error,
-    }
+    let pipe_directory = mps.paths(&state.info.uuid).pipe().display().to_string();
+    MpsStatus { replicas: st.settings.map(|s| s.replicas), pipe_directory, daemon: st }
 }
 
 /// One MIG device in `status -o json`.
@@ -266,6 +246,7 @@ fn table(doc: &StatusDoc) -> String {
             let _ = writeln!(out, "  compute mode: {}", g.compute_mode.as_str());
         }
         if let Some(m) = &g.mps {
+            let (replicas, m) = (m.replicas, &m.daemon);
             let state = match (m.pid, m.up) {
                 (Some(pid), true) => format!("up (pid {pid})"),
                 (Some(pid), false) => format!("not answering (pid {pid})"),
@@ -275,7 +256,7 @@ fn table(doc: &StatusDoc) -> String {
             let _ = writeln!(
                 out,
                 "  mps: {state}, {} slots, threads {}%, pinned memory {}, clients: {}",
-                m.replicas.map_or_else(|| "?".to_string(), |r| r.to_string()),
+                replicas.map_or_else(|| "?".to_string(), |r| r.to_string()),
                 m.active_thread_percentage.as_deref().unwrap_or("-"),
                 m.pinned_memory_limit.as_deref().unwrap_or("-"),
                 if clients.is_empty() { "none".to_string() } else { clients.join(", ") }

@@ -27,7 +27,8 @@ pub struct DaemonStatus {
     pub servers: Vec<u32>,
     /// Client pids of those servers (`get_client_list`).
     pub clients: Vec<u32>,
-    /// The settings gpupart started it with, when it did.
+    /// The settings gpupart started it with, when it did (reported as `replicas` by `status`).
+    #[serde(skip)]
     pub settings: Option<MpsSettings>,
     /// Why it is not up, when it is not.
     pub error: Option<String>,
@@ -76,6 +77,26 @@ fn pids(text: &str) -> Vec<u32> {
 
 /// Reads one daemon: pid, health, limits (`limits`: Volta and later), servers and clients.
 pub fn probe(ctl: &dyn MpsControl, paths: &DaemonPaths, limits: bool) -> DaemonStatus {
+    let mut st = check(ctl, paths, limits);
+    if !st.up {
+        return st;
+    }
+    let result = (|| -> Result<(), ControlError> {
+        st.servers = pids(&ctl.send(paths, "get_server_list")?);
+        for server in st.servers.clone() {
+            st.clients.extend(pids(&ctl.send(paths, &format!("get_client_list {server}"))?));
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        st.error = Some(e.to_string());
+    }
+    st
+}
+
+/// The health check alone: pid, the health round trip and the limits read back (no server or
+/// client lists), what supervision needs every interval.
+pub fn check(ctl: &dyn MpsControl, paths: &DaemonPaths, limits: bool) -> DaemonStatus {
     let mut st = DaemonStatus { settings: read_settings(paths), ..DaemonStatus::default() };
     st.pid = paths.read_pid().filter(|p| process::alive(*p));
     if st.pid.is_none() {
@@ -89,13 +110,12 @@ pub fn probe(ctl: &dyn MpsControl, paths: &DaemonPaths, limits: bool) -> DaemonS
             let cmd = format!("get_default_device_pinned_mem_limit {}", paths.gpu_uuid);
             st.pinned_memory_limit = Some(ctl.send(paths, &cmd)?.trim().to_string());
         }
-        st.servers = pids(&ctl.send(paths, "get_server_list")?);
-        for server in st.servers.clone() {
-            st.clients.extend(pids(&ctl.send(paths, &format!("get_client_list {server}"))?));
-        }
         Ok(())
     })();
     if let Err(e) = result {
+        // A daemon that fails half-way does not answer; one that is gone meanwhile died.
+        st.up = false;
+        st.pid = st.pid.filter(|p| process::alive(*p));
         st.error = Some(e.to_string());
     }
     st

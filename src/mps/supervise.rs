@@ -111,7 +111,7 @@ impl Supervisor {
         let mut out = Vec::new();
         for w in self.watched.values_mut() {
             let paths = mps.paths(&w.watch.uuid);
-            let st = daemon::probe(mps.control.as_ref(), &paths, w.watch.limits);
+            let st = daemon::check(mps.control.as_ref(), &paths, w.watch.limits);
             // A daemon whose limits are not what was configured (a restart that failed half-way)
             // is restarted too: its clients would run without their limits.
             let wrong = if st.up { daemon::difference(&st, &w.watch.settings) } else { None };
