@@ -107,6 +107,33 @@ pub enum Command {
     Agent(Box<AgentArgs>),
     /// Fragmentation figures per GPU and for the node.
     Frag(FragArgs),
+    /// Plan a cluster: node pools, MIG/MPS layouts, labels and taints from inference demand.
+    Plan(PlanArgs),
+}
+
+/// Output format of `plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlanFormat {
+    /// A readable summary.
+    Text,
+    /// The documented JSON (docs/plan.md).
+    Json,
+    /// A multi-document stream for `kubectl apply --server-side`.
+    Yaml,
+}
+
+/// `plan` options.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The fleet and demand file (docs/plan.md; `-` reads stdin).
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanFormat::Text)]
+    pub output: PlanFormat,
+    /// Percent added to a model's memory before the smallest fitting MIG profile is chosen.
+    #[arg(long, value_name = "PCT", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=400))]
+    pub headroom: u32,
 }
 
 /// `frag` options.

@@ -10,7 +10,7 @@
 //! disabled.
 
 use crate::mig::capacity::Occupancy;
-use crate::mig::ProfileName;
+use crate::mig::{ProfileName, ProfileTable};
 use crate::observed::GpuState;
 use serde::Serialize;
 
@@ -108,8 +108,7 @@ fn ratio(a: f64, b: f64) -> f64 {
 
 /// The weights used on this GPU: the configured ones that exist here, else uniform over the
 /// base profiles (no `+`/`-` attribute); normalised to sum to 1.
-fn mix(state: &GpuState, workload: Option<&Workload>) -> Vec<(u32, String, f64)> {
-    let t = &state.profiles;
+fn mix(t: &ProfileTable, workload: Option<&Workload>) -> Vec<(u32, String, f64)> {
     let mut out: Vec<(u32, String, f64)> = workload
         .map(|w| {
             w.weights
@@ -169,9 +168,7 @@ pub fn gpu_frag(state: &GpuState, workload: Option<&Workload>) -> GpuFrag {
         g.largest_creatable_slices = p.memory_slices;
     }
     for p in &t.profiles {
-        let creatable = occ.remaining_capacity(t, p);
-        // Instances of one profile never overlap each other, so they cover creatable × size slices.
-        let stranded = free.saturating_sub(creatable * p.memory_slices);
+        let (creatable, stranded) = creatable_and_stranded(t, &occ, free, p);
         let unusable = if free == 0 { 1.0 } else { f64::from(stranded) / f64::from(free) };
         g.profiles.push(ProfileFrag {
             profile: p.name.to_string(),
@@ -181,7 +178,7 @@ pub fn gpu_frag(state: &GpuState, workload: Option<&Workload>) -> GpuFrag {
             unusable_ratio: unusable,
         });
     }
-    let weights = mix(state, workload);
+    let weights = mix(t, workload);
     g.expected_fragmentation_slices = weights
         .iter()
         .map(|(_, name, w)| {
@@ -193,6 +190,23 @@ pub fn gpu_frag(state: &GpuState, workload: Option<&Workload>) -> GpuFrag {
     g.unallocated_gpus = ratio(f64::from(free), f64::from(t.memory_slices));
     g.fragmented_gpus = ratio(g.expected_fragmentation_slices, f64::from(t.memory_slices));
     g
+}
+
+/// Instances of `p` that can be created now and the free slices they cannot cover.
+fn creatable_and_stranded(t: &ProfileTable, occ: &Occupancy, free: u32, p: &crate::mig::GiProfile) -> (u32, u32) {
+    let creatable = occ.remaining_capacity(t, p);
+    // Instances of one profile never overlap each other, so they cover creatable × size slices.
+    (creatable, free.saturating_sub(creatable * p.memory_slices))
+}
+
+/// FGD's expected fragmentation of one MIG GPU's free space against `workload`, in memory
+/// slices (what [`GpuFrag::expected_fragmentation_slices`] reports, from an occupancy alone).
+pub fn expected_fragmentation(t: &ProfileTable, occ: &Occupancy, workload: Option<&Workload>) -> f64 {
+    let free = occ.free_memory_slices(t);
+    mix(t, workload)
+        .iter()
+        .filter_map(|(id, _, w)| t.by_id(*id).map(|p| w * f64::from(creatable_and_stranded(t, occ, free, p).1)))
+        .sum()
 }
 
 impl GpuFrag {

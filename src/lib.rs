@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod exec;
+pub mod fleet;
 pub mod frag;
 pub mod fuzzing;
 pub mod hooks;

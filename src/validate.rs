@@ -76,7 +76,7 @@ fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, foun
     // No filter: the entry is meant for whichever models know its profile names.
     let mut fits_somewhere = false;
     let mut infeasible = Vec::new();
-    for m in catalog::models().filter(|m| m.mig_capable()) {
+    for m in catalog::all_models().filter(|m| m.mig_capable()) {
         let table = m.profile_table();
         if DesiredDevices::resolve(&table, &spec.mig_devices).is_err() {
             continue;

@@ -4,6 +4,7 @@ mod apply;
 mod assert;
 mod export;
 mod frag;
+mod plan;
 mod status;
 mod validate;
 
@@ -28,6 +29,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(a) => status::run(&cli.global, &a),
         Command::Agent(a) => crate::agent::run(&cli.global, &a),
         Command::Frag(a) => frag::run(&cli.global, &a),
+        Command::Plan(a) => plan::run(&a),
     }
 }
 
@@ -55,15 +57,21 @@ pub fn open_backend(g: &GlobalArgs) -> anyhow::Result<Box<dyn GpuBackend>> {
     Ok(Box::new(backend))
 }
 
+/// Reads a file, `-` being stdin; returns its text and a name for messages. `what` names the
+/// file's role in errors ("config file").
+pub fn read_input(path: &Path, what: &str) -> anyhow::Result<(String, String)> {
+    if path == Path::new("-") {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).with_context(|| format!("reading the {what} from stdin"))?;
+        Ok((s, "<stdin>".to_string()))
+    } else {
+        let s = std::fs::read_to_string(path).with_context(|| format!("reading {what} {}", path.display()))?;
+        Ok((s, path.display().to_string()))
+    }
+}
+
 /// Reads and parses a config file (`-` is stdin).
 pub fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
-    let (text, name) = if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("reading the config from stdin")?;
-        (s, "<stdin>".to_string())
-    } else {
-        let s = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
-        (s, path.display().to_string())
-    };
+    let (text, name) = read_input(path, "config file")?;
     config::parse(&text).with_context(|| format!("invalid config file {name}"))
 }

@@ -35,6 +35,15 @@ pub fn max_clients(info: &GpuInfo) -> u32 {
     }
 }
 
+/// [`max_clients`] of a catalog model; `true` in the pair when it takes per-client limits (Volta+).
+pub fn model_limits(model: &crate::mig::catalog::Model) -> (u32, bool) {
+    if model.compute_capability >= (7, 0) {
+        (VOLTA_MAX_CLIENTS, true)
+    } else {
+        (PRE_VOLTA_MAX_CLIENTS, false)
+    }
+}
+
 /// A config `mps` block that this GPU cannot serve; `key` is the offending key under `mps.`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("key 'mps.{key}': {message}")]

@@ -248,6 +248,7 @@ pub unsafe extern "C" fn nvmlDeviceGetArchitecture(device: nvmlDevice_t, arch: *
                 Arch::Ampere => 7,
                 Arch::Ada => 8,
                 Arch::Hopper => 9,
+                Arch::Blackwell => 10,
             };
             unsafe { put(arch, v) }
         })

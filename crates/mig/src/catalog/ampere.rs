@@ -1,4 +1,5 @@
-//! Ampere models: A100 (40 GB and 80 GB, SXM4 and PCIe) and A30. Sources: mig-hardware.md §3.1–3.3.
+//! Ampere models: A100 (40 GB and 80 GB, SXM4 and PCIe), A800, PG506 and A30. Sources:
+//! mig-hardware.md §1 and §3.1–3.3.
 
 use super::{eng, gi, mig_model, Arch, GiSpec, Model};
 
@@ -43,7 +44,7 @@ const A30: &[GiSpec] = &[
 ];
 
 /// The Ampere models.
-pub(super) static MODELS: [Model; 5] = [
+pub(super) static MODELS: [Model; 9] = [
     mig_model("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", 0x20B0_10DE, 40537, AMPERE, 108, (7, 8), A100_40GB),
     // UNV: total memory assumed equal to the SXM4 part.
     mig_model("A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", 0x20F1_10DE, 40537, AMPERE, 108, (7, 8), A100_40GB),
@@ -51,4 +52,10 @@ pub(super) static MODELS: [Model; 5] = [
     mig_model("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 0x20B2_10DE, 81920, AMPERE, 108, (7, 8), A100_80GB),
     mig_model("A100-PCIE-80GB", "NVIDIA A100 80GB PCIe", 0x20B5_10DE, 81920, AMPERE, 108, (7, 8), A100_80GB),
     mig_model("A30-24GB", "NVIDIA A30", 0x20B7_10DE, 24576, AMPERE, 56, (4, 4), A30),
+    // UNV: the A800 parts reuse the A100 tables of their memory size (mig-parted groups them so).
+    mig_model("A800-SXM4-80GB", "NVIDIA A800-SXM4-80GB", 0x20F3_10DE, 81920, AMPERE, 108, (7, 8), A100_80GB),
+    mig_model("A800-PCIE-80GB", "NVIDIA A800 80GB PCIe", 0x20F5_10DE, 81920, AMPERE, 108, (7, 8), A100_80GB),
+    mig_model("A800-PCIE-40GB", "NVIDIA A800 40GB PCIe", 0x20F6_10DE, 40537, AMPERE, 108, (7, 8), A100_40GB),
+    // UNV: mig-parted groups the PG506 (GA100) with the 96 GB Hopper parts; their table is used.
+    mig_model("PG506-96GB", "NVIDIA PG506-232", 0x20B6_10DE, 97871, AMPERE, 108, (7, 8), super::hopper::H100_96GB),
 ];

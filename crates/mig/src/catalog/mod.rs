@@ -5,6 +5,7 @@
 //! feeds the simulator, the fake NVML library and offline validation only.
 
 mod ampere;
+mod blackwell;
 mod hopper;
 mod nomig;
 
@@ -27,6 +28,8 @@ pub enum Arch {
     Ada,
     /// Hopper (H100, H200).
     Hopper,
+    /// Blackwell (B200, GB200, B300, GB300, RTX PRO 6000).
+    Blackwell,
 }
 
 impl Arch {
@@ -45,6 +48,7 @@ impl Arch {
             Arch::Ampere => "ampere",
             Arch::Ada => "ada-lovelace",
             Arch::Hopper => "hopper",
+            Arch::Blackwell => "blackwell",
         }
     }
 }
@@ -156,14 +160,25 @@ pub(crate) const fn mig_model(
     }
 }
 
-/// All catalog models.
+/// All catalog models, one per PCI device id.
 pub fn models() -> impl Iterator<Item = &'static Model> {
-    ampere::MODELS.iter().chain(hopper::MODELS.iter()).chain(nomig::MODELS.iter())
+    ampere::MODELS.iter().chain(hopper::MODELS.iter()).chain(blackwell::MODELS.iter()).chain(nomig::MODELS.iter())
 }
 
-/// Looks a model up by id, case-insensitively.
+/// Driver variants: a model's PCI device with the profile sizes (hence names) an older driver
+/// reported. Looked up by id; never chosen by PCI id.
+pub fn driver_variants() -> impl Iterator<Item = &'static Model> {
+    blackwell::VARIANTS.iter()
+}
+
+/// Every model and driver variant.
+pub fn all_models() -> impl Iterator<Item = &'static Model> {
+    models().chain(driver_variants())
+}
+
+/// Looks a model (or driver variant) up by id, case-insensitively.
 pub fn lookup(id: &str) -> Option<&'static Model> {
-    models().find(|m| m.id.eq_ignore_ascii_case(id.trim()))
+    all_models().find(|m| m.id.eq_ignore_ascii_case(id.trim()))
 }
 
 /// Looks a model up by its 32-bit PCI device id (`0x20B210DE`).
@@ -173,7 +188,7 @@ pub fn by_pci_device_id(pci_device_id: u32) -> Option<&'static Model> {
 
 /// Comma-separated list of every model id, for error messages.
 pub fn model_ids() -> String {
-    models().map(|m| m.id).collect::<Vec<_>>().join(", ")
+    all_models().map(|m| m.id).collect::<Vec<_>>().join(", ")
 }
 
 /// Compute-instance profiles of a GI with `gi_slices` compute slices and `gi_sm` SMs.

@@ -1,0 +1,67 @@
+//! Which nodes of one GPU model host which pool (pure): whole nodes per pool first, a pool's
+//! remainder on a node of its own while free nodes last, and only then beside another pool
+//! (a node touched outside its pool), preferring nodes already mixed.
+
+use super::choose::Pool;
+
+/// GPUs of a pool on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Index of the node in the caller's list.
+    pub node: usize,
+    /// The pool.
+    pub pool: Pool,
+    /// GPUs of that node given to the pool.
+    pub gpus: u32,
+}
+
+/// Assigns `requests` (pool, GPUs) to nodes with `caps` free GPUs each; the requests must fit
+/// in total. Returns the allocations in node order, each pool's GPUs contiguous on a node.
+pub fn assign(caps: &[u32], requests: &[(Pool, u32)]) -> Vec<Allocation> {
+    let mut used = vec![0u32; caps.len()];
+    let mut pools: Vec<Vec<Pool>> = vec![Vec::new(); caps.len()];
+    let mut out = Vec::new();
+    let mut order: Vec<(Pool, u32)> = requests.iter().copied().filter(|(_, n)| *n > 0).collect();
+    order.sort_by_key(|&(p, n)| (std::cmp::Reverse(n), p));
+    for (pool, mut left) in order {
+        while left > 0 {
+            let empty = |i: &usize| used[*i] == 0 && caps[*i] > 0;
+            let idx: Vec<usize> = (0..caps.len()).collect();
+            let whole = idx
+                .iter()
+                .copied()
+                .filter(empty)
+                .filter(|&i| caps[i] <= left)
+                .max_by_key(|&i| (caps[i], std::cmp::Reverse(i)));
+            let own = idx.iter().copied().filter(empty).filter(|&i| caps[i] >= left).min_by_key(|&i| (caps[i], i));
+            let shared = || {
+                idx.iter().copied().filter(|&i| used[i] < caps[i]).max_by_key(|&i| {
+                    (pools[i].contains(&pool), pools[i].len() > 1, caps[i] - used[i], std::cmp::Reverse(i))
+                })
+            };
+            let Some(i) = whole.or(own).or_else(shared) else { break };
+            let n = left.min(caps[i] - used[i]);
+            used[i] += n;
+            left -= n;
+            if !pools[i].contains(&pool) {
+                pools[i].push(pool);
+            }
+            out.push(Allocation { node: i, pool, gpus: n });
+        }
+    }
+    out.sort_by_key(|a| a.node);
+    out
+}
+
+/// Nodes holding more than one pool.
+pub fn mixed_nodes(allocations: &[Allocation]) -> usize {
+    let mut by_node: Vec<(usize, Vec<Pool>)> = Vec::new();
+    for a in allocations {
+        match by_node.iter_mut().find(|(n, _)| *n == a.node) {
+            Some((_, p)) if !p.contains(&a.pool) => p.push(a.pool),
+            Some(_) => {}
+            None => by_node.push((a.node, vec![a.pool])),
+        }
+    }
+    by_node.iter().filter(|(_, p)| p.len() > 1).count()
+}

@@ -1,0 +1,437 @@
+//! The cluster planner behind `gpupart plan` (pure; docs/plan.md): from node groups and
+//! inference demand to node pools, per-node layouts, labels and taints.
+//!
+//! input → [`choose`] (a pool per model, with its reason) → dedicated nodes → whole GPUs →
+//! MIG packing per GPU model ([`configs`], [`pack`]) → MPS slots → [`assign`] (pools onto nodes)
+//! → [`PlannedNode`]s, which [`report`] turns into the documented output and [`baseline`]
+//! compares with first-fit.
+
+pub mod assign;
+pub mod baseline;
+pub mod choose;
+pub mod configs;
+pub mod input;
+pub mod pack;
+pub mod render;
+pub mod report;
+
+use crate::frag::Workload;
+use crate::mig::catalog::Model;
+use crate::mig::Placement;
+use choose::{Choice, Pool, Target};
+use input::Input;
+use std::collections::BTreeMap;
+
+/// A replica: (demand index, replica number).
+pub type Replica = (usize, u32);
+
+/// What one GPU of a plan holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuUse {
+    /// Nothing.
+    Idle,
+    /// One of the GPUs of a tensor-parallel replica.
+    Dedicated(Replica),
+    /// A whole GPU for one replica.
+    Whole(Replica),
+    /// MIG instances: (profile id, placement) and the replica in each.
+    Mig {
+        /// The instances.
+        instances: Vec<(u32, Placement)>,
+        /// The replica of each instance, same order.
+        replicas: Vec<Replica>,
+    },
+    /// An MPS daemon with `slots` client slots of `slot_mib` each.
+    Mps {
+        /// Pinned memory per slot.
+        slot_mib: u64,
+        /// Slots configured.
+        slots: u32,
+        /// Replicas holding a slot.
+        clients: Vec<Replica>,
+    },
+}
+
+impl GpuUse {
+    /// Whether anything runs on the GPU.
+    pub fn is_used(&self) -> bool {
+        !matches!(self, GpuUse::Idle)
+    }
+
+    /// The pool this use belongs to (`None` when idle).
+    pub fn pool(&self) -> Option<Pool> {
+        match self {
+            GpuUse::Idle => None,
+            GpuUse::Dedicated(_) => Some(Pool::Dedicated),
+            GpuUse::Whole(_) => Some(Pool::Standard),
+            GpuUse::Mig { .. } => Some(Pool::Shared),
+            GpuUse::Mps { .. } => Some(Pool::Mps),
+        }
+    }
+}
+
+/// One node of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedNode {
+    /// Index into [`Input::nodes`].
+    pub node: usize,
+    /// Per GPU, in index order.
+    pub gpus: Vec<GpuUse>,
+}
+
+impl PlannedNode {
+    /// The pools on the node, most GPUs first (ties in pool order).
+    pub fn pools(&self) -> Vec<Pool> {
+        let mut counts: BTreeMap<Pool, usize> = BTreeMap::new();
+        for p in self.gpus.iter().filter_map(GpuUse::pool) {
+            *counts.entry(p).or_default() += 1;
+        }
+        let mut v: Vec<(Pool, usize)> = counts.into_iter().collect();
+        v.sort_by_key(|&(p, n)| (std::cmp::Reverse(n), p));
+        v.into_iter().map(|(p, _)| p).collect()
+    }
+}
+
+/// Replicas of one model that found no room, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unplaced {
+    /// Demand index.
+    pub demand: usize,
+    /// Replicas left out.
+    pub replicas: u32,
+    /// Why.
+    pub reason: String,
+}
+
+/// How the MIG packing was solved.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SearchReport {
+    /// Every MIG packing was solved exactly.
+    pub exact: bool,
+    /// GPUs the MIG packing uses.
+    pub mig_gpus: u32,
+    /// Lower bound on the GPUs the MIG packing needs.
+    pub lower_bound_gpus: u32,
+}
+
+/// A computed plan.
+#[derive(Debug, Clone)]
+pub struct FleetPlan {
+    /// Every node of the fleet, in input order.
+    pub nodes: Vec<PlannedNode>,
+    /// What did not fit.
+    pub unplaced: Vec<Unplaced>,
+    /// The pool choice of every model.
+    pub choices: Vec<Choice>,
+    /// The MIG search.
+    pub search: SearchReport,
+}
+
+/// Planner options.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Percent added to a memory need before a MIG profile is chosen.
+    pub headroom_pct: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { headroom_pct: 10 }
+    }
+}
+
+/// The demand's own MIG mix: profile name → replicas (fragmentation is measured against it).
+pub fn demand_workload(input: &Input, choices: &[Choice]) -> Workload {
+    let mut weights: Vec<(crate::mig::ProfileName, f64)> = Vec::new();
+    for (d, c) in input.demand.iter().zip(choices) {
+        if let Target::Mig { profile, .. } = &c.target {
+            match weights.iter_mut().find(|(n, _)| n == profile) {
+                Some((_, w)) => *w += f64::from(d.replicas),
+                None => weights.push((profile.clone(), f64::from(d.replicas))),
+            }
+        }
+    }
+    Workload { weights }
+}
+
+/// Plans the fleet.
+pub fn plan(input: &Input, opts: &Options) -> Result<FleetPlan, input::InputError> {
+    let choices = choose::choose(input, opts.headroom_pct)?;
+    let mut b = Builder::new(input, &choices);
+    b.dedicated();
+    b.whole();
+    b.mig();
+    b.mps();
+    Ok(b.finish())
+}
+
+struct Builder<'a> {
+    input: &'a Input,
+    choices: &'a [Choice],
+    workload: Workload,
+    /// Nodes given to dedicated models: node → uses.
+    dedicated: BTreeMap<usize, Vec<GpuUse>>,
+    /// GPUs still free per model id (nodes not dedicated).
+    free: BTreeMap<&'static str, u32>,
+    /// Pool GPUs per model id, waiting for nodes.
+    pending: BTreeMap<&'static str, Vec<GpuUse>>,
+    unplaced: Vec<Unplaced>,
+    search: SearchReport,
+}
+
+impl<'a> Builder<'a> {
+    fn new(input: &'a Input, choices: &'a [Choice]) -> Self {
+        let mut free = BTreeMap::new();
+        for n in &input.nodes {
+            *free.entry(n.model.id).or_insert(0) += n.gpus;
+        }
+        Self {
+            input,
+            choices,
+            workload: demand_workload(input, choices),
+            dedicated: BTreeMap::new(),
+            free,
+            pending: BTreeMap::new(),
+            unplaced: Vec::new(),
+            search: SearchReport { exact: true, ..SearchReport::default() },
+        }
+    }
+
+    fn miss(&mut self, demand: usize, replicas: u32, reason: String) {
+        if replicas == 0 {
+            return;
+        }
+        match self.unplaced.iter_mut().find(|u| u.demand == demand && u.reason == reason) {
+            Some(u) => u.replicas += replicas,
+            None => self.unplaced.push(Unplaced { demand, replicas, reason }),
+        }
+    }
+
+    /// Tensor-parallel replicas on whole nodes: a node already holding the model when it has
+    /// room, else the free node wasting the fewest GPUs (GPUs without MIG first).
+    fn dedicated(&mut self) {
+        let mut order: Vec<usize> = (0..self.choices.len()).collect();
+        order.sort_by_key(|&i| match self.choices[i].target {
+            Target::Dedicated { gpus } => (0, std::cmp::Reverse(gpus), i),
+            _ => (1, std::cmp::Reverse(0), i),
+        });
+        for di in order {
+            let Target::Dedicated { gpus: tp } = self.choices[di].target else { continue };
+            let d = &self.input.demand[di];
+            for r in 0..d.replicas {
+                let fits = |n: &input::Node| {
+                    n.gpus >= tp && d.memory_mib.is_none_or(|m| n.model.memory_mib * u64::from(tp) >= m)
+                };
+                let same = self.dedicated.iter().find_map(|(&ni, uses)| {
+                    let holds = uses.iter().any(|u| matches!(u, GpuUse::Dedicated((x, _)) if *x == di));
+                    let idle = uses.iter().filter(|u| !u.is_used()).count() as u32;
+                    (holds && idle >= tp && fits(&self.input.nodes[ni])).then_some(ni)
+                });
+                let fresh = || {
+                    self.input
+                        .nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, n)| !self.dedicated.contains_key(i) && fits(n))
+                        .min_by_key(|(i, n)| (n.gpus - tp, n.model.mig_capable(), n.model.memory_mib, *i))
+                        .map(|(i, _)| i)
+                };
+                let Some(ni) = same.or_else(fresh) else {
+                    let left = d.replicas - r;
+                    self.miss(di, left, format!("no free node with {tp} GPUs left for a dedicated replica"));
+                    break;
+                };
+                let node = &self.input.nodes[ni];
+                if !self.dedicated.contains_key(&ni) {
+                    if let Some(f) = self.free.get_mut(node.model.id) {
+                        *f -= node.gpus;
+                    }
+                }
+                let uses = self.dedicated.entry(ni).or_insert_with(|| vec![GpuUse::Idle; node.gpus as usize]);
+                for u in uses.iter_mut().filter(|u| !u.is_used()).take(tp as usize) {
+                    *u = GpuUse::Dedicated((di, r));
+                }
+            }
+        }
+    }
+
+    /// Fleet models ordered for whole GPUs and MPS: without MIG first, then by memory.
+    fn models_by_preference(&self, largest_first: bool) -> Vec<&'static Model> {
+        let mut models: Vec<&'static Model> =
+            choose::fleet_models(&self.input.nodes).into_iter().map(|(m, _)| m).collect();
+        models.sort_by_key(|m| {
+            let mem = if largest_first { u64::MAX - m.memory_mib } else { m.memory_mib };
+            (m.mig_capable(), mem)
+        });
+        models
+    }
+
+    fn take_gpu(&mut self, model: &'static Model, usage: GpuUse) {
+        if let Some(f) = self.free.get_mut(model.id) {
+            *f -= 1;
+        }
+        self.pending.entry(model.id).or_default().push(usage);
+    }
+
+    fn whole(&mut self) {
+        let models = self.models_by_preference(false);
+        for (di, c) in self.choices.iter().enumerate() {
+            let Target::Whole { need_mib } = c.target else { continue };
+            let d = &self.input.demand[di];
+            for r in 0..d.replicas {
+                let pick = models.iter().copied().find(|m| m.memory_mib >= need_mib && self.free[m.id] > 0);
+                match pick {
+                    Some(m) => self.take_gpu(m, GpuUse::Whole((di, r))),
+                    None => {
+                        self.miss(di, d.replicas - r, format!("no free GPU with {} left", choose::gib(need_mib)));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    fn mig(&mut self) {
+        let mut by_model: Vec<(&'static Model, Vec<(usize, u32)>)> = Vec::new();
+        for (di, c) in self.choices.iter().enumerate() {
+            if let Target::Mig { model, profile_id, .. } = c.target {
+                match by_model.iter_mut().find(|(m, _)| m.id == model.id) {
+                    Some((_, v)) => v.push((di, profile_id)),
+                    None => by_model.push((model, vec![(di, profile_id)])),
+                }
+            }
+        }
+        for (model, wants) in by_model {
+            let table = model.profile_table();
+            let mut profiles: Vec<u32> = wants.iter().map(|(_, p)| *p).collect();
+            profiles.sort_unstable();
+            profiles.dedup();
+            let all = configs::enumerate(&table, &profiles, &self.workload);
+            let demand: Vec<u32> = profiles
+                .iter()
+                .map(|p| wants.iter().filter(|(_, q)| q == p).map(|(di, _)| self.input.demand[*di].replicas).sum())
+                .collect();
+            let cap = self.free[model.id];
+            let packing = pack::pack(&table, &all, &demand, cap);
+            self.search.exact &= packing.exact;
+            self.search.mig_gpus += packing.gpus.len() as u32;
+            self.search.lower_bound_gpus += packing.lower_bound;
+            // Replicas per profile, in demand order, handed out GPU by GPU.
+            let mut queues: Vec<std::collections::VecDeque<Replica>> = profiles
+                .iter()
+                .map(|p| {
+                    wants
+                        .iter()
+                        .filter(|(_, q)| q == p)
+                        .flat_map(|&(di, _)| (0..self.input.demand[di].replicas).map(move |r| (di, r)))
+                        .collect()
+                })
+                .collect();
+            for &gi in &packing.gpus {
+                let cfg = &all.all[gi];
+                let mut replicas = Vec::new();
+                for (id, _) in &cfg.placements {
+                    let k = profiles.iter().position(|p| p == id).unwrap_or(0);
+                    replicas.extend(queues[k].pop_front());
+                }
+                self.take_gpu(model, GpuUse::Mig { instances: cfg.placements.clone(), replicas });
+            }
+            for q in queues {
+                let mut per: BTreeMap<usize, u32> = BTreeMap::new();
+                for (di, _) in q {
+                    *per.entry(di).or_default() += 1;
+                }
+                for (di, n) in per {
+                    self.miss(di, n, format!("no free {} GPU left for its MIG instances", model.id));
+                }
+            }
+        }
+    }
+
+    fn mps(&mut self) {
+        let models = self.models_by_preference(true);
+        let mut replicas: Vec<(u64, Replica)> = Vec::new();
+        for (di, c) in self.choices.iter().enumerate() {
+            if let Target::Mps { slot_mib } = c.target {
+                replicas.extend((0..self.input.demand[di].replicas).map(|r| (slot_mib, (di, r))));
+            }
+        }
+        replicas.sort_by_key(|&(slot, rep)| (std::cmp::Reverse(slot), rep));
+        let mut open: Vec<(&'static Model, GpuUse)> = Vec::new();
+        for (need, rep) in replicas {
+            let room = open.iter_mut().find(|(_, u)| {
+                matches!(u, GpuUse::Mps { slot_mib, slots, clients } if *slot_mib >= need && (clients.len() as u32) < *slots)
+            });
+            if let Some((_, GpuUse::Mps { clients, .. })) = room {
+                clients.push(rep);
+                continue;
+            }
+            let pick = models.iter().copied().find(|m| m.memory_mib >= 2 * need && self.free[m.id] > 0);
+            let Some(m) = pick else {
+                self.miss(rep.0, 1, format!("no free GPU left for an MPS slot of {}", choose::gib(need)));
+                continue;
+            };
+            if let Some(f) = self.free.get_mut(m.id) {
+                *f -= 1;
+            }
+            let slots = crate::mps::settings::model_limits(m).0.min((m.memory_mib / need) as u32);
+            open.push((m, GpuUse::Mps { slot_mib: need, slots, clients: vec![rep] }));
+        }
+        for (m, u) in open {
+            self.pending.entry(m.id).or_default().push(u);
+        }
+    }
+
+    /// Puts the pending pool GPUs onto nodes and fills the rest with idle GPUs.
+    fn finish(mut self) -> FleetPlan {
+        let mut nodes: Vec<PlannedNode> = Vec::new();
+        let mut shared: BTreeMap<usize, Vec<GpuUse>> = BTreeMap::new();
+        let mut models: Vec<&'static str> = self.input.nodes.iter().map(|n| n.model.id).collect();
+        models.dedup();
+        models.sort_unstable();
+        models.dedup();
+        for model in models {
+            let members: Vec<usize> = (0..self.input.nodes.len())
+                .filter(|i| self.input.nodes[*i].model.id == model && !self.dedicated.contains_key(i))
+                .collect();
+            let caps: Vec<u32> = members.iter().map(|&i| self.input.nodes[i].gpus).collect();
+            let mut uses = self.pending.remove(model).unwrap_or_default();
+            // Identical MIG GPUs side by side, so nodes share layouts.
+            uses.sort_by_key(key);
+            let mut by_pool: BTreeMap<Pool, std::collections::VecDeque<GpuUse>> = BTreeMap::new();
+            for u in uses {
+                if let Some(p) = u.pool() {
+                    by_pool.entry(p).or_default().push_back(u);
+                }
+            }
+            let requests: Vec<(Pool, u32)> = by_pool.iter().map(|(p, v)| (*p, v.len() as u32)).collect();
+            for a in assign::assign(&caps, &requests) {
+                let node = members[a.node];
+                let list = shared.entry(node).or_default();
+                if let Some(q) = by_pool.get_mut(&a.pool) {
+                    list.extend((0..a.gpus).filter_map(|_| q.pop_front()));
+                }
+            }
+        }
+        for (i, n) in self.input.nodes.iter().enumerate() {
+            let mut gpus = self.dedicated.remove(&i).or_else(|| shared.remove(&i)).unwrap_or_default();
+            gpus.resize(n.gpus as usize, GpuUse::Idle);
+            nodes.push(PlannedNode { node: i, gpus });
+        }
+        self.unplaced.sort_by_key(|u| u.demand);
+        FleetPlan { nodes, unplaced: self.unplaced, choices: self.choices.to_vec(), search: self.search }
+    }
+}
+
+/// Sort key grouping equal GPU uses: pool, then the MIG profile multiset.
+fn key(u: &GpuUse) -> (Option<Pool>, Vec<u32>) {
+    let mut ids: Vec<u32> = match u {
+        GpuUse::Mig { instances, .. } => instances.iter().map(|(id, _)| *id).collect(),
+        _ => Vec::new(),
+    };
+    ids.sort_unstable();
+    (u.pool(), ids)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+//! Text renderings of a plan (pure): the mig-parted v1 config, the `kubectl apply` stream
+//! (ConfigMap, Node labels and taints, DeschedulerPolicy) and the readable summary.
+
+use super::report::{GpuSpec, PlanDoc, DEDICATED_TAINT, LAYOUT_LABEL, POOL_LABEL};
+use std::fmt::Write as _;
+
+/// Namespace and name of the agents' ConfigMap (daemonset.yaml).
+pub const CONFIG_MAP: (&str, &str) = ("gpupart-system", "gpupart-config");
+
+/// Device indices as mig-parted writes them: `all` when the entry covers every GPU.
+fn devices(indices: &[usize], total: usize) -> String {
+    if indices.len() == total {
+        return "all".into();
+    }
+    let list: Vec<String> = indices.iter().map(ToString::to_string).collect();
+    format!("[{}]", list.join(", "))
+}
+
+/// The mig-parted v1 config with one named layout per distinct node layout.
+pub fn config_yaml(layouts: &[(String, Vec<GpuSpec>)]) -> String {
+    let mut out = String::from("version: v1\nmig-configs:\n");
+    for (name, specs) in layouts {
+        let _ = writeln!(out, "  {name}:");
+        // One entry per distinct GPU spec, with the indices that have it.
+        let mut groups: Vec<(&GpuSpec, Vec<usize>)> = Vec::new();
+        for (i, s) in specs.iter().enumerate() {
+            match groups.iter_mut().find(|(g, _)| *g == s) {
+                Some((_, v)) => v.push(i),
+                None => groups.push((s, vec![i])),
+            }
+        }
+        for (spec, idx) in groups {
+            let _ = writeln!(out, "    - devices: {}", devices(&idx, specs.len()));
+            match spec {
+                GpuSpec::Mig(devs) if devs.is_empty() => {
+                    out.push_str("      mig-enabled: true\n      mig-devices: {}\n")
+                }
+                GpuSpec::Mig(devs) => {
+                    out.push_str("      mig-enabled: true\n      mig-devices:\n");
+                    for (n, c) in devs {
+                        let _ = writeln!(out, "        \"{n}\": {c}");
+                    }
+                }
+                GpuSpec::Off => out.push_str("      mig-enabled: false\n"),
+                GpuSpec::Mps { slots, limit_mib } => {
+                    let _ = writeln!(out, "      mig-enabled: false\n      mps:\n        replicas: {slots}");
+                    if let Some(l) = limit_mib {
+                        let _ = writeln!(out, "        pinned-memory-limit: {}", crate::mps::settings::limit_arg(*l));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn indent(text: &str, by: &str) -> String {
+    text.lines().map(|l| format!("{by}{l}\n")).collect()
+}
+
+/// The multi-document stream for `kubectl apply --server-side`.
+pub fn kube_yaml(doc: &PlanDoc) -> String {
+    let mut out = String::new();
+    let s = &doc.summary;
+    let _ = writeln!(
+        out,
+        "# gpupart plan: {} of {} GPUs used, {} idle, fragmentation {:.3}; first-fit uses {} (fragmentation {:.3})",
+        s.gpus_used,
+        s.gpus_total,
+        s.gpus_idle,
+        s.fragmentation_ratio,
+        doc.baseline.gpus_used,
+        doc.baseline.fragmentation_ratio
+    );
+    for u in &doc.unplaced {
+        let _ = writeln!(out, "# unplaced: {} × {}: {}", u.replicas, u.model, u.reason);
+    }
+    let (ns, name) = CONFIG_MAP;
+    let _ = write!(
+        out,
+        "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  config.yaml: |\n{}",
+        indent(&doc.config, "    ")
+    );
+    for n in &doc.nodes {
+        let _ = write!(out, "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  labels:\n", n.name);
+        let _ = writeln!(out, "    {LAYOUT_LABEL}: {}", n.labels[LAYOUT_LABEL]);
+        let _ = writeln!(out, "    {POOL_LABEL}: {}", n.labels[POOL_LABEL]);
+        if !n.taints.is_empty() {
+            out.push_str("spec:\n  taints:\n");
+            for t in &n.taints {
+                let (kv, effect) = t.split_once(':').unwrap_or((t, "NoSchedule"));
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                let _ = writeln!(out, "    - key: {k}\n      value: \"{v}\"\n      effect: {effect}");
+            }
+        }
+    }
+    out.push_str(&descheduler_policy());
+    out
+}
+
+/// The descheduler's policy for the GPU pools, as the ConfigMap the descheduler reads.
+fn descheduler_policy() -> String {
+    let key = DEDICATED_TAINT.split(':').next().unwrap_or(DEDICATED_TAINT);
+    format!(
+        r#"---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: descheduler-policy-configmap
+  namespace: kube-system
+data:
+  policy.yaml: |
+    apiVersion: "descheduler/v1alpha2"
+    kind: "DeschedulerPolicy"
+    nodeSelector: "{POOL_LABEL}"
+    profiles:
+      - name: gpupart-gpu-pools
+        pluginConfig:
+          - name: "DefaultEvictor"
+          - name: "RemovePodsViolatingNodeAffinity"
+            args:
+              nodeAffinityType:
+                - "requiredDuringSchedulingIgnoredDuringExecution"
+          - name: "RemovePodsViolatingNodeTaints"
+            args:
+              includedTaints:
+                - "{key}"
+          - name: "LowNodeUtilization"
+            args:
+              thresholds:
+                "nvidia.com/gpu": 20
+              targetThresholds:
+                "nvidia.com/gpu": 70
+        plugins:
+          deschedule:
+            enabled:
+              - "RemovePodsViolatingNodeAffinity"
+              - "RemovePodsViolatingNodeTaints"
+          balance:
+            enabled:
+              - "LowNodeUtilization"
+"#
+    )
+}
+
+/// The readable summary.
+pub fn text(doc: &PlanDoc) -> String {
+    let mut out = String::new();
+    let s = &doc.summary;
+    out.push_str("Decisions:\n");
+    for d in &doc.decisions {
+        let _ = writeln!(out, "  {:<16} {:<9} {}", d.model, d.pool, d.reason);
+    }
+    out.push_str("Nodes:\n");
+    let mut groups: Vec<(String, String, Vec<&str>)> = Vec::new();
+    for n in &doc.nodes {
+        match groups.iter_mut().find(|(l, p, _)| *l == n.layout && *p == n.pool) {
+            Some((_, _, names)) => names.push(&n.name),
+            None => groups.push((n.layout.clone(), n.pool.clone(), vec![&n.name])),
+        }
+    }
+    for (layout, pool, names) in &groups {
+        let taint = if pool == "dedicated" { format!(", tainted {DEDICATED_TAINT}") } else { String::new() };
+        let _ = writeln!(out, "  {:<24} pool {pool}{taint}: {}", layout, names.join(", "));
+    }
+    for u in &doc.unplaced {
+        let _ = writeln!(out, "Unplaced: {} × {}: {}", u.replicas, u.model, u.reason);
+    }
+    let _ = writeln!(
+        out,
+        "Summary: {} of {} GPUs used, {} idle, fragmentation {:.3} ({:.2} of {:.2} free GPU-equivalents), {} mixed node(s); MIG packing {} ({} GPUs, lower bound {})",
+        s.gpus_used,
+        s.gpus_total,
+        s.gpus_idle,
+        s.fragmentation_ratio,
+        s.fragmented_gpus,
+        s.unallocated_gpus,
+        s.mixed_nodes,
+        s.search.method,
+        s.search.mig_gpus,
+        s.search.lower_bound_gpus
+    );
+    for b in &doc.baselines {
+        let _ = writeln!(
+            out,
+            "Baseline {}: {} GPUs used, fragmentation {:.3}, {} unplaced",
+            b.name, b.gpus_used, b.fragmentation_ratio, b.unplaced
+        );
+    }
+    out
+}
