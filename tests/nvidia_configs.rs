@@ -9,7 +9,7 @@ use gpupart::backend::GpuBackend;
 use gpupart::prepare::{targets, Target};
 use support::{nvidia_config, Backend, Node, EIGHTY_GB};
 
-on_both_backends!(a100_80gb, a100_40gb, a30, hopper, example_configs_apply);
+on_both_backends!(a100_80gb, a100_40gb, a30, hopper, blackwell_and_more_hopper, example_configs_apply);
 
 /// Names of the default configs that resolve on `model`, with whether they touch a GPU.
 fn applicable(model: &str) -> Vec<String> {
@@ -112,6 +112,150 @@ fn hopper(b: Backend) {
             "all-7g.141gb",
         ],
     );
+}
+
+fn blackwell_and_more_hopper(b: Backend) {
+    for (model, expect) in [
+        (
+            "B200-180GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-1g.23gb",
+                "all-1g.23gb.me",
+                "all-1g.45gb",
+                "all-2g.45gb",
+                "all-3g.90gb",
+                "all-4g.90gb",
+                "all-7g.180gb",
+                "all-balanced",
+            ][..],
+        ),
+        (
+            "GB200-186GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-1g.23gb",
+                "all-1g.23gb.me",
+                "all-1g.47gb",
+                "all-2g.47gb",
+                "all-3g.93gb",
+                "all-4g.93gb",
+                "all-7g.186gb",
+                "all-balanced",
+            ][..],
+        ),
+        (
+            "GB200-186GB-R570",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-1g.24gb.me",
+                "all-1g.24gb",
+                "all-1g.47gb",
+                "all-2g.47gb",
+                "all-3g.95gb",
+                "all-4g.95gb",
+                "all-7g.189gb",
+            ][..],
+        ),
+        (
+            "B300-269GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-balanced",
+                "all-1g.34gb",
+                "all-1g.34gb.me",
+                "all-1g.67gb",
+                "all-2g.67gb",
+                "all-3g.135gb",
+                "all-4g.135gb",
+                "all-7g.269gb",
+            ][..],
+        ),
+        (
+            "GB300-278GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-balanced",
+                "all-1g.35gb",
+                "all-1g.35gb.me",
+                "all-1g.70gb",
+                "all-2g.70gb",
+                "all-3g.139gb",
+                "all-4g.139gb",
+                "all-7g.278gb",
+            ][..],
+        ),
+        (
+            "RTX-PRO-6000-96GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-1g.24gb.gfx",
+                "all-1g.24gb.me.all",
+                "all-1g.24gb-me",
+                "all-2g.48gb",
+                "all-2g.48gb.gfx",
+                "all-2g.48gb.me.all",
+                "all-2g.48gb-me",
+                "all-4g.96gb",
+                "all-4g.96gb.gfx",
+                "all-1g.24gb.me",
+                "all-1g.24gb",
+                "all-balanced",
+            ][..],
+        ),
+        (
+            "GH200-144GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-balanced",
+                "all-1g.18gb",
+                "all-1g.18gb.me",
+                "all-1g.36gb",
+                "all-2g.36gb",
+                "all-3g.72gb",
+                "all-4g.72gb",
+                "all-7g.144gb",
+            ][..],
+        ),
+        (
+            "H100-96GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-1g.12gb",
+                "all-1g.12gb.me",
+                "all-1g.24gb",
+                "all-2g.24gb",
+                "all-3g.48gb",
+                "all-4g.48gb",
+                "all-7g.96gb",
+                "all-balanced",
+            ][..],
+        ),
+        (
+            "H200-NVL-141GB",
+            &[
+                "all-disabled",
+                "all-enabled",
+                "all-balanced",
+                "all-1g.18gb",
+                "all-1g.18gb.me",
+                "all-2g.35gb",
+                "all-3g.71gb",
+                "all-4g.71gb",
+                "all-7g.141gb",
+            ][..],
+        ),
+    ] {
+        apply_all(b, model, expect);
+    }
 }
 
 fn example_configs_apply(b: Backend) {

@@ -1,7 +1,7 @@
 //! Text renderings of a plan (pure): the mig-parted v1 config, the `kubectl apply` stream
 //! (ConfigMap, Node labels and taints, DeschedulerPolicy) and the readable summary.
 
-use super::report::{GpuSpec, PlanDoc, DEDICATED_TAINT, LAYOUT_LABEL, POOL_LABEL};
+use super::report::{GpuSpec, Layout, PlanDoc, DEDICATED_TAINT, LAYOUT_LABEL, POOL_LABEL};
 use std::fmt::Write as _;
 
 /// Namespace and name of the agents' ConfigMap (daemonset.yaml).
@@ -17,9 +17,9 @@ fn devices(indices: &[usize], total: usize) -> String {
 }
 
 /// The mig-parted v1 config with one named layout per distinct node layout.
-pub fn config_yaml(layouts: &[(String, Vec<GpuSpec>)]) -> String {
+pub fn config_yaml(layouts: &[Layout]) -> String {
     let mut out = String::from("version: v1\nmig-configs:\n");
-    for (name, specs) in layouts {
+    for Layout { name, model, specs, .. } in layouts {
         let _ = writeln!(out, "  {name}:");
         // One entry per distinct GPU spec, with the indices that have it.
         let mut groups: Vec<(&GpuSpec, Vec<usize>)> = Vec::new();
@@ -30,7 +30,8 @@ pub fn config_yaml(layouts: &[(String, Vec<GpuSpec>)]) -> String {
             }
         }
         for (spec, idx) in groups {
-            let _ = writeln!(out, "    - devices: {}", devices(&idx, specs.len()));
+            let _ = writeln!(out, "    - device-filter: \"0x{:08X}\"", model.pci_device_id);
+            let _ = writeln!(out, "      devices: {}", devices(&idx, specs.len()));
             match spec {
                 GpuSpec::Mig(devs) if devs.is_empty() => {
                     out.push_str("      mig-enabled: true\n      mig-devices: {}\n")

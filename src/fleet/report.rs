@@ -233,6 +233,19 @@ pub fn measure(input: &Input, tables: &Tables, nodes: &[PlannedNode], workload: 
     m
 }
 
+/// One named node layout of the config: the per-GPU specs of one GPU model.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Name in the config (`gpupart-shared-2`).
+    pub name: String,
+    /// The pool of the nodes using it.
+    pub pool: String,
+    /// Their GPU model (the entries' `device-filter`).
+    pub model: &'static crate::mig::catalog::Model,
+    /// Per GPU index.
+    pub specs: Vec<GpuSpec>,
+}
+
 /// What the config says for one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum GpuSpec {
@@ -284,19 +297,26 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
     // Layouts: one name per distinct node layout, numbered per pool when a pool has several.
     let specs: Vec<Vec<GpuSpec>> = plan.nodes.iter().map(|pn| node_specs(input, &tables, pn)).collect();
     let pool_of = |pn: &PlannedNode| pn.pools().first().map_or("idle", |p| p.as_str());
-    let mut layouts: Vec<(String, Vec<GpuSpec>)> = Vec::new();
+    let mut layouts: Vec<Layout> = Vec::new();
     for (pn, spec) in plan.nodes.iter().zip(&specs) {
-        if !layouts.iter().any(|(p, s)| p == pool_of(pn) && s == spec) {
-            layouts.push((pool_of(pn).to_string(), spec.clone()));
+        let model = input.nodes[pn.node].model;
+        if !layouts.iter().any(|l| l.pool == pool_of(pn) && l.model.id == model.id && &l.specs == spec) {
+            layouts.push(Layout { name: String::new(), pool: pool_of(pn).to_string(), model, specs: spec.clone() });
         }
     }
-    let name_of = |pool: &str, spec: &Vec<GpuSpec>| {
-        let same: Vec<&Vec<GpuSpec>> = layouts.iter().filter(|(p, _)| p == pool).map(|(_, s)| s).collect();
-        match same.iter().position(|s| *s == spec) {
-            Some(_) if same.len() == 1 => format!("gpupart-{pool}"),
-            Some(k) => format!("gpupart-{pool}-{}", k + 1),
-            None => format!("gpupart-{pool}"),
-        }
+    for k in 0..layouts.len() {
+        let same: Vec<usize> = (0..layouts.len()).filter(|&j| layouts[j].pool == layouts[k].pool).collect();
+        let pool = &layouts[k].pool;
+        layouts[k].name = match same.iter().position(|&j| j == k) {
+            Some(n) if same.len() > 1 => format!("gpupart-{pool}-{}", n + 1),
+            _ => format!("gpupart-{pool}"),
+        };
+    }
+    let name_of = |pool: &str, model: &str, spec: &Vec<GpuSpec>| {
+        layouts
+            .iter()
+            .find(|l| l.pool == pool && l.model.id == model && &l.specs == spec)
+            .map_or_else(|| format!("gpupart-{pool}"), |l| l.name.clone())
     };
     let mut nodes = Vec::new();
     let mut placements = Vec::new();
@@ -305,7 +325,7 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
     for (pn, spec) in plan.nodes.iter().zip(&specs) {
         let node = &input.nodes[pn.node];
         let pool = pool_of(pn).to_string();
-        let layout = name_of(&pool, spec);
+        let layout = name_of(&pool, node.model.id, spec);
         let mut labels = BTreeMap::new();
         labels.insert(LAYOUT_LABEL.to_string(), layout.clone());
         labels.insert(POOL_LABEL.to_string(), pool.clone());
@@ -392,9 +412,8 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
             }
         })
         .collect();
-    let layout_list: Vec<(String, Vec<GpuSpec>)> = layouts.iter().map(|(p, s)| (name_of(p, s), s.clone())).collect();
     PlanDoc {
-        config: super::render::config_yaml(&layout_list),
+        config: super::render::config_yaml(&layouts),
         nodes,
         placements,
         unplaced: plan
