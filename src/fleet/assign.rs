@@ -1,6 +1,7 @@
 //! Which nodes of one GPU model host which pool (pure): whole nodes per pool first, a pool's
 //! remainder on a node of its own while free nodes last, and only then beside another pool
-//! (a node touched outside its pool), preferring nodes already mixed.
+//! (a node touched outside its pool), preferring nodes already mixed. A pool that fits on one
+//! free node takes the smallest such node; a larger one takes the largest free nodes whole.
 
 use super::choose::Pool;
 
@@ -39,7 +40,7 @@ pub fn assign(caps: &[u32], requests: &[(Pool, u32)]) -> Vec<Allocation> {
                     (pools[i].contains(&pool), pools[i].len() > 1, caps[i] - used[i], std::cmp::Reverse(i))
                 })
             };
-            let Some(i) = whole.or(own).or_else(shared) else { break };
+            let Some(i) = own.or(whole).or_else(shared) else { break };
             let n = left.min(caps[i] - used[i]);
             used[i] += n;
             left -= n;

@@ -159,8 +159,8 @@ pub fn plan(input: &Input, opts: &Options) -> Result<FleetPlan, input::InputErro
     let choices = choose::choose(input, opts.headroom_pct)?;
     let mut b = Builder::new(input, &choices);
     b.dedicated();
-    b.whole();
     b.mig();
+    b.whole();
     b.mps();
     Ok(b.finish())
 }
@@ -255,14 +255,12 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Fleet models ordered for whole GPUs and MPS: without MIG first, then by memory.
-    fn models_by_preference(&self, largest_first: bool) -> Vec<&'static Model> {
+    /// Fleet models in the order whole GPUs (`mps == false`: without MIG first, then the
+    /// smallest memory) or MPS GPUs (the largest memory: most slots, fewest GPUs) are taken.
+    fn models_by_preference(&self, mps: bool) -> Vec<&'static Model> {
         let mut models: Vec<&'static Model> =
             choose::fleet_models(&self.input.nodes).into_iter().map(|(m, _)| m).collect();
-        models.sort_by_key(|m| {
-            let mem = if largest_first { u64::MAX - m.memory_mib } else { m.memory_mib };
-            (m.mig_capable(), mem)
-        });
+        models.sort_by_key(|m| if mps { (false, u64::MAX - m.memory_mib) } else { (m.mig_capable(), m.memory_mib) });
         models
     }
 
@@ -273,11 +271,41 @@ impl<'a> Builder<'a> {
         self.pending.entry(model.id).or_default().push(usage);
     }
 
+    /// Nodes of `model` touched outside their pool once `extra` more GPUs of `pool` join the
+    /// pending ones, minus those touched already.
+    fn mixing(&self, model: &'static Model, pool: Pool, extra: u32) -> usize {
+        let caps: Vec<u32> = (0..self.input.nodes.len())
+            .filter(|i| self.input.nodes[*i].model.id == model.id && !self.dedicated.contains_key(i))
+            .map(|i| self.input.nodes[i].gpus)
+            .collect();
+        let mut requests: BTreeMap<Pool, u32> = BTreeMap::new();
+        for p in self.pending.get(model.id).into_iter().flatten().filter_map(GpuUse::pool) {
+            *requests.entry(p).or_default() += 1;
+        }
+        let before = assign::mixed_nodes(&assign::assign(&caps, &requests.clone().into_iter().collect::<Vec<_>>()));
+        *requests.entry(pool).or_default() += extra;
+        let after = assign::mixed_nodes(&assign::assign(&caps, &requests.into_iter().collect::<Vec<_>>()));
+        after.saturating_sub(before)
+    }
+
+    /// `models` reordered so those where `gpus(model)` more GPUs of `pool` mix no node come
+    /// first (the objective's first term), keeping the order otherwise.
+    fn least_mixing(&self, models: &[&'static Model], pool: Pool, gpus: impl Fn(&Model) -> u32) -> Vec<&'static Model> {
+        let mut ranked: Vec<(usize, usize, &'static Model)> = models
+            .iter()
+            .enumerate()
+            .map(|(k, m)| (self.mixing(m, pool, gpus(m).min(self.free[m.id])), k, *m))
+            .collect();
+        ranked.sort_by_key(|&(cost, k, _)| (cost, k));
+        ranked.into_iter().map(|(_, _, m)| m).collect()
+    }
+
     fn whole(&mut self) {
-        let models = self.models_by_preference(false);
+        let preferred = self.models_by_preference(false);
         for (di, c) in self.choices.iter().enumerate() {
             let Target::Whole { need_mib } = c.target else { continue };
             let d = &self.input.demand[di];
+            let models = self.least_mixing(&preferred, Pool::Standard, |_| d.replicas);
             for r in 0..d.replicas {
                 let pick = models.iter().copied().find(|m| m.memory_mib >= need_mib && self.free[m.id] > 0);
                 match pick {
@@ -349,7 +377,6 @@ impl<'a> Builder<'a> {
     }
 
     fn mps(&mut self) {
-        let models = self.models_by_preference(true);
         let mut replicas: Vec<(u64, Replica)> = Vec::new();
         for (di, c) in self.choices.iter().enumerate() {
             if let Target::Mps { slot_mib } = c.target {
@@ -357,6 +384,12 @@ impl<'a> Builder<'a> {
             }
         }
         replicas.sort_by_key(|&(slot, rep)| (std::cmp::Reverse(slot), rep));
+        let Some(&(largest, _)) = replicas.first() else { return };
+        let count = replicas.len() as u32;
+        let models = self.least_mixing(&self.models_by_preference(true), Pool::Mps, |m| {
+            let per = crate::mps::settings::model_limits(m).0.min((m.memory_mib / largest.max(1)) as u32).max(1);
+            count.div_ceil(per)
+        });
         let mut open: Vec<(&'static Model, GpuUse)> = Vec::new();
         for (need, rep) in replicas {
             let room = open.iter_mut().find(|(_, u)| {

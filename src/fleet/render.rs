@@ -184,8 +184,8 @@ pub fn text(doc: &PlanDoc) -> String {
     for b in &doc.baselines {
         let _ = writeln!(
             out,
-            "Baseline {}: {} GPUs used, fragmentation {:.3}, {} unplaced",
-            b.name, b.gpus_used, b.fragmentation_ratio, b.unplaced
+            "Baseline {}: {} GPUs used, fragmentation {:.3}, {} mixed node(s), {} unplaced",
+            b.name, b.gpus_used, b.fragmentation_ratio, b.mixed_nodes, b.unplaced
         );
     }
     out

@@ -143,6 +143,8 @@ pub struct BaselineDoc {
     pub fragmentation_ratio: f64,
     /// Replicas left out.
     pub unplaced: u32,
+    /// Nodes holding more than one pool.
+    pub mixed_nodes: u32,
 }
 
 /// One model's pool choice.
@@ -409,6 +411,7 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
                 gpus_used: bm.gpus_used,
                 fragmentation_ratio: bm.ratio(),
                 unplaced: b.unplaced.iter().map(|u| u.replicas).sum(),
+                mixed_nodes: b.nodes.iter().filter(|pn| pn.pools().len() > 1).count() as u32,
             }
         })
         .collect();

@@ -501,6 +501,6 @@ fn the_json_keys_stay_as_documented() {
     for k in ["gpus_used", "gpus_idle", "fragmentation_ratio", "pools"] {
         assert!(doc["summary"].get(k).is_some(), "summary.{k}");
     }
-    assert_eq!(keys(&doc["baseline"]), ["name", "gpus_used", "fragmentation_ratio", "unplaced"]);
+    assert_eq!(keys(&doc["baseline"]), ["name", "gpus_used", "fragmentation_ratio", "unplaced", "mixed_nodes"]);
     assert_eq!(doc["baseline"]["name"], "first-fit");
 }
