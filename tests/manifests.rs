@@ -5,31 +5,12 @@
 
 mod support;
 
+use support::tool;
+
 use std::path::Path;
-use std::process::Command;
 
 fn repo(file: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(file).to_str().unwrap().to_string()
-}
-
-/// A pip-installed tool: on PATH, or in the Python scripts directory when PATH lacks it.
-fn resolve(name: &str) -> String {
-    if Command::new(name).arg("--version").output().is_ok() {
-        return name.to_string();
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"])
-        .output()
-        .expect("python3");
-    format!("{}/{name}", String::from_utf8_lossy(&out.stdout).trim())
-}
-
-fn tool(name: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(resolve(name))
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{name} is not installed ({e}); scripts/test installs it with pip"));
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 fn documents() -> Vec<serde_json::Value> {

@@ -134,11 +134,16 @@ fn greedy_pick(configs: &Configs, d: &[u32]) -> Option<usize> {
 
 /// Packs `demand` (instances per profile of `configs`) onto at most `cap` GPUs.
 pub fn pack(table: &ProfileTable, configs: &Configs, demand: &[u32], cap: u32) -> Packing {
+    pack_with(table, configs, demand, cap, EXACT_STATES)
+}
+
+/// [`pack`] solving at most `exact_states` demand states exactly (1: greedy only).
+pub fn pack_with(table: &ProfileTable, configs: &Configs, demand: &[u32], cap: u32, exact_states: u64) -> Packing {
     let lower_bound = lower_bound(table, configs, demand);
     let mut d = demand.to_vec();
     let mut gpus = Vec::new();
     let mut exact_run = true;
-    while states(&d) > EXACT_STATES {
+    while states(&d) > exact_states.max(1) {
         let Some(i) = greedy_pick(configs, &d) else { break };
         take(&mut d, &configs.all[i]);
         gpus.push(i);

@@ -358,3 +358,25 @@ pub const EIGHTY_GB: [&str; 10] = [
     "all-7g.80gb",
     "all-balanced",
 ];
+
+/// A pip-installed tool: on PATH, or in the Python scripts directory when PATH lacks it.
+fn resolve_tool(name: &str) -> String {
+    if Command::new(name).arg("--version").output().is_ok() {
+        return name.to_string();
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"])
+        .output()
+        .expect("python3");
+    format!("{}/{name}", String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Runs a pip-installed checker (kubernetes-validate, hadolint): success and both streams.
+#[allow(dead_code)]
+pub fn tool(name: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(resolve_tool(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{name} is not installed ({e}); scripts/test installs it with pip"));
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
