@@ -115,6 +115,23 @@ pub fn kubelet_messages(data: &[u8]) {
 /// A fuzz target's entry point.
 pub type Target = fn(&[u8]);
 
+/// A `gpupart plan` demand file: parse, plan, report and render (small fleets only, so one input
+/// stays fast).
+pub fn plan_input(data: &[u8]) {
+    let Some(t) = text(data) else { return };
+    let Ok(input) = crate::fleet::input::parse(t) else { return };
+    let replicas: u64 = input.demand.iter().map(|d| u64::from(d.replicas)).sum();
+    if input.nodes.len() > 64 || replicas > 2000 {
+        return;
+    }
+    if let Ok(plan) = crate::fleet::plan(&input, &crate::fleet::Options::default()) {
+        let doc = crate::fleet::report::report(&input, &plan);
+        let _ = crate::fleet::render::kube_yaml(&doc);
+        let _ = crate::fleet::render::text(&doc);
+        let _ = crate::config::parse(&doc.config);
+    }
+}
+
 /// Every target by name, for the fuzz binaries and the regression test.
 pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
@@ -124,4 +141,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("sim_state", sim_state),
     ("paused_annotation", paused_annotation),
     ("kubelet_messages", kubelet_messages),
+    ("plan_input", plan_input),
 ];

@@ -97,6 +97,9 @@ pub fn fleet_models(nodes: &[Node]) -> Vec<(&'static Model, u32)> {
 /// picked.
 pub fn choose(input: &Input, headroom_pct: u32) -> Result<Vec<Choice>, InputError> {
     let models = fleet_models(&input.nodes);
+    if models.is_empty() {
+        return Err(error("key 'fleet'", "", "has no nodes".into()));
+    }
     input
         .demand
         .iter()
@@ -112,8 +115,9 @@ fn error(at: &str, key: &str, message: String) -> InputError {
     InputError { at: if key.is_empty() { at.to_string() } else { format!("{at}, key '{key}'") }, message }
 }
 
-fn largest_gpu(models: &[(&'static Model, u32)]) -> &'static Model {
-    models.iter().map(|(m, _)| *m).max_by_key(|m| m.memory_mib).unwrap_or(models[0].0)
+/// The fleet's GPU model with the most memory (`models` is never empty here).
+fn largest_gpu(models: &[(&'static Model, u32)]) -> Option<&'static Model> {
+    models.iter().map(|(m, _)| *m).max_by_key(|m| m.memory_mib)
 }
 
 fn choose_one(
@@ -129,7 +133,9 @@ fn choose_one(
     if let Some(profile) = &d.profile {
         return explicit_profile(at, d, profile, models);
     }
-    let largest = largest_gpu(models);
+    let Some(largest) = largest_gpu(models) else {
+        return Err(error(at, "", "the fleet has no nodes".into()));
+    };
     if d.sharing == Some(Sharing::Whole) || d.memory_mib.is_none() {
         return whole(at, d, largest, "asked for whole GPUs".into());
     }
