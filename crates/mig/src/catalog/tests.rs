@@ -18,6 +18,21 @@ fn derived_names_match_nvidia_configs() {
         ("H100-PCIE-80GB", &["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.10gb+me", "1g.20gb"]),
         ("H100-NVL-94GB", &["1g.12gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb", "1g.12gb+me", "1g.24gb"]),
         ("H200-SXM-141GB", &["1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", "1g.18gb+me", "1g.35gb"]),
+        // DER from NVIDIA's default config: the names its configs use for these models.
+        ("GH200-144GB", &["1g.18gb", "2g.36gb", "3g.72gb", "4g.72gb", "7g.144gb", "1g.18gb+me", "1g.36gb"]),
+        ("H100-96GB", &["1g.12gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb", "1g.12gb+me", "1g.24gb"]),
+        ("B200-180GB", &["1g.23gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb", "1g.23gb+me", "1g.45gb"]),
+        ("GB200-186GB", &["1g.23gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb", "1g.23gb+me", "1g.47gb"]),
+        ("GB200-186GB-R570", &["1g.24gb", "2g.47gb", "3g.95gb", "4g.95gb", "7g.189gb", "1g.24gb+me", "1g.47gb"]),
+        ("B300-269GB", &["1g.34gb", "2g.67gb", "3g.135gb", "4g.135gb", "7g.269gb", "1g.34gb+me", "1g.67gb"]),
+        ("GB300-278GB", &["1g.35gb", "2g.70gb", "3g.139gb", "4g.139gb", "7g.278gb", "1g.35gb+me", "1g.70gb"]),
+        (
+            "RTX-PRO-6000-96GB",
+            &[
+                "1g.24gb", "2g.48gb", "4g.96gb", "1g.24gb+me", "1g.24gb+gfx", "2g.48gb+gfx", "4g.96gb+gfx", "1g.24gb-me",
+                "2g.48gb-me", "1g.24gb+me.all", "2g.48gb+me.all",
+            ],
+        ),
     ];
     for (model, want) in expect {
         assert_eq!(names(model), *want, "{model}");
@@ -26,9 +41,15 @@ fn derived_names_match_nvidia_configs() {
 
 #[test]
 fn every_model_is_consistent() {
-    let ids: BTreeSet<_> = models().map(|m| m.id.to_ascii_lowercase()).collect();
-    assert_eq!(ids.len(), 16);
-    for m in models() {
+    let ids: BTreeSet<_> = all_models().map(|m| m.id.to_ascii_lowercase()).collect();
+    assert_eq!(ids.len(), 34);
+    // One model per PCI device id; a driver variant shares its model's id but is never found by it.
+    let pci: BTreeSet<_> = models().map(|m| m.pci_device_id).collect();
+    assert_eq!(pci.len(), models().count());
+    for v in driver_variants() {
+        assert_ne!(by_pci_device_id(v.pci_device_id).map(|m| m.id), Some(v.id));
+    }
+    for m in all_models() {
         assert_eq!(m.pci_device_id & 0xFFFF, 0x10DE, "{}", m.id);
         assert_eq!(lookup(&m.id.to_ascii_lowercase()).unwrap().id, m.id);
         let t = m.profile_table();
