@@ -134,6 +134,13 @@ pub struct PlanArgs {
     /// Percent added to a model's memory before the smallest fitting MIG profile is chosen.
     #[arg(long, value_name = "PCT", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=400))]
     pub headroom: u32,
+    /// Start from today's layouts: a mapping from node name to its `gpupart status -o json`.
+    #[arg(long, value_name = "FILE", conflicts_with = "from_cluster")]
+    pub current: Option<PathBuf>,
+    /// Start from today's layouts as the agents publish them (`gpupart.io/gpus` on every Node;
+    /// the default kubeconfig or the in-cluster account).
+    #[arg(long)]
+    pub from_cluster: bool,
 }
 
 /// `frag` options.
@@ -145,6 +152,10 @@ pub struct FragArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
     pub output: StatusFormat,
+    /// The whole cluster instead of this node: every Node's `gpupart.io/fragmentation`, per node
+    /// and in total (the default kubeconfig or the in-cluster account).
+    #[arg(long, conflicts_with = "config_file")]
+    pub cluster: bool,
 }
 
 /// Checks `--mps-shm-size` (`0`, `auto`, `512M`, `8G`).

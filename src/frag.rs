@@ -281,5 +281,7 @@ pub fn node_frag(gpus: &[GpuFrag]) -> NodeFrag {
     }
 }
 
+pub mod cluster;
+
 #[cfg(test)]
 mod tests;

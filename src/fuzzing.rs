@@ -132,6 +132,27 @@ pub fn plan_input(data: &[u8]) {
     }
 }
 
+/// Today's layouts for `plan --current` / `--from-cluster`: a file of `status -o json` documents
+/// and a `gpupart.io/gpus` annotation, each planned from on a small fixed fleet.
+pub fn plan_current(data: &[u8]) {
+    let Some(t) = text(data) else { return };
+    let fleet = "fleet:\n  - {name: n, count: 2, gpu: A100-SXM4-80GB, gpus: 2}\n\
+                 demand:\n  - {name: a, memory: 30Gi, replicas: 2}\n  - {name: e, profile: 1g.10gb, replicas: 3}\n  - {name: tp, gpus: 2}\n";
+    let Ok(input) = crate::fleet::input::parse(fleet) else { return };
+    let mut todays = Vec::new();
+    if let Ok(c) = crate::fleet::current::parse_status_file(t) {
+        todays.push(c);
+    }
+    if let Ok(g) = crate::fleet::current::from_annotation("n-0", t) {
+        todays.push(std::iter::once(("n-0".to_string(), g)).collect());
+    }
+    for today in todays {
+        if let Ok(plan) = crate::fleet::plan_from(&input, &crate::fleet::Options::default(), &today) {
+            let _ = crate::fleet::report::report(&input, &plan);
+        }
+    }
+}
+
 /// Every target by name, for the fuzz binaries and the regression test.
 pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
@@ -142,4 +163,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("paused_annotation", paused_annotation),
     ("kubelet_messages", kubelet_messages),
     ("plan_input", plan_input),
+    ("plan_current", plan_current),
 ];

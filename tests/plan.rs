@@ -114,3 +114,101 @@ fn errors_name_the_entry_and_key_and_stdin_works() {
     let text = gpupart(&["plan", "-f", &example("plan.yaml")], &[]).ok().stdout;
     assert!(text.contains("Summary: 24 of 64 GPUs used") && text.contains("Baseline first-fit"), "{text}");
 }
+
+const FLEET_OF_TWO: &str = "fleet:\n  - {name: a, nodes: [gpu-node-1], gpu: A100-SXM4-80GB, gpus: 2}\n  - {name: b, nodes: [gpu-node-2], gpu: A100-SXM4-80GB, gpus: 2}\n\
+    demand:\n  - {name: tp, gpus: 2}\n  - {name: embed, profile: 1g.10gb, replicas: 7}\n";
+
+/// Today: gpu-node-1 runs all-1g.10gb with a process in one instance of GPU 0.
+fn busy_node() -> Node {
+    let node = Node::new("A100-SXM4-80GB:2");
+    node.apply(&support::example_config(), "all-1g.10gb").ok();
+    let gi = node.status()["gpus"][0]["instances"][2]["gpu_instance_id"].as_u64().unwrap() as u32;
+    node.attach(0, gi, 4242);
+    node
+}
+
+fn check_busy_plan(doc: &serde_json::Value) {
+    // The busy GPU stays whole and serves the 7 embeddings; the dedicated replica takes the other
+    // node (its 2 × 7 instances go); the idle GPU of gpu-node-1 is emptied; no busy instance is
+    // ever destroyed.
+    let s = &doc["summary"]["moves"];
+    assert_eq!(s["busy_kept"], 1, "{doc}");
+    assert_eq!(s["destroyed"], 7 + 2 * 7, "{doc}");
+    let nodes = doc["nodes"].as_array().unwrap();
+    assert_eq!(nodes.iter().find(|n| n["name"] == "gpu-node-2").unwrap()["pool"], "dedicated");
+    for m in doc["moves"].as_array().unwrap() {
+        assert!(!(m["node"] == "gpu-node-1" && m["gpu"] == 0), "the busy GPU moves: {m}");
+    }
+    assert_eq!(
+        doc["placements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["model"] == "embed" && p["node"] == "gpu-node-1" && p["gpu"] == 0)
+            .count(),
+        7
+    );
+}
+
+#[test]
+fn current_layouts_from_status_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = busy_node();
+    let two = Node::new("A100-SXM4-80GB:2");
+    two.apply(&support::example_config(), "all-1g.10gb").ok();
+    let current = dir.path().join("current.json");
+    std::fs::write(&current, serde_json::json!({"gpu-node-1": one.status(), "gpu-node-2": two.status()}).to_string())
+        .unwrap();
+    let demand = dir.path().join("demand.yaml");
+    std::fs::write(&demand, FLEET_OF_TWO).unwrap();
+    let doc = plan_json(demand.to_str().unwrap(), &["--current", current.to_str().unwrap()]);
+    check_busy_plan(&doc);
+    // A node of today with another model is refused, naming it.
+    let three = Node::new("H100-SXM5-80GB:2");
+    std::fs::write(&current, serde_json::json!({"gpu-node-1": three.status()}).to_string()).unwrap();
+    let out = gpupart(&["plan", "-f", demand.to_str().unwrap(), "--current", current.to_str().unwrap()], &[]).failed();
+    assert!(out.stderr.contains("current 'gpu-node-1', GPU 0: is a H100-SXM5-80GB"), "{}", out.stderr);
+}
+
+#[test]
+fn current_layouts_and_fragmentation_from_the_cluster() {
+    use support::apiserver::ApiServer;
+    use support::kube_agent::{start, wait_state, LAYOUT, NODE};
+    let node = busy_node();
+    let api = ApiServer::start(NODE);
+    api.label(LAYOUT, Some("all-1g.10gb"));
+    let _agent = start(&node, &api, &[]);
+    wait_state(&api, "success", "all-1g.10gb");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !api.state().annotations.get("gpupart.io/gpus").is_some_and(|g| g.contains('*')) {
+        assert!(std::time::Instant::now() < deadline, "no busy instance in {:?}", api.state().annotations);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // A second node as its agent would publish it: all-1g.10gb, nothing busy.
+    let gpus = api.state().annotations["gpupart.io/gpus"].replace('*', "");
+    let frag =
+        r#"{"ratio":0.5,"fragGpus":0.125,"unallocGpus":0.25,"wholeFreeGpus":0,"workload":"uniform-base-profiles"}"#;
+    api.add_node("gpu-node-2", &[("gpupart.io/gpus", &gpus), ("gpupart.io/fragmentation", frag)]);
+    api.add_node("cpu-node", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let kc = kubeconfig.to_str().unwrap();
+    let demand = dir.path().join("demand.yaml");
+    std::fs::write(&demand, FLEET_OF_TWO).unwrap();
+    let out =
+        gpupart(&["plan", "-f", demand.to_str().unwrap(), "--from-cluster", "-o", "json"], &[("KUBECONFIG", kc)]).ok();
+    check_busy_plan(&serde_json::from_str(&out.stdout).unwrap());
+    let out = gpupart(&["frag", "--cluster", "-o", "json"], &[("KUBECONFIG", kc)]).ok();
+    let c: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(c["nodes"].as_array().unwrap().len(), 2, "{c}");
+    assert_eq!(c["without_agent"], serde_json::json!(["cpu-node"]));
+    let published: serde_json::Value =
+        serde_json::from_str(&api.state().annotations["gpupart.io/fragmentation"]).unwrap();
+    let (f, u) = (published["fragGpus"].as_f64().unwrap() + 0.125, published["unallocGpus"].as_f64().unwrap() + 0.25);
+    assert!((c["fragmentation_ratio"].as_f64().unwrap() - if u > 0.0 { f / u } else { 0.0 }).abs() < 1e-9, "{c}");
+    let table = gpupart(&["frag", "--cluster"], &[("KUBECONFIG", kc)]).ok().stdout;
+    assert!(
+        table.contains("gpu-node-2") && table.contains("total") && table.contains("without a gpupart agent: cpu-node"),
+        "{table}"
+    );
+}

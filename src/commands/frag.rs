@@ -75,8 +75,47 @@ fn table(doc: &FragDoc) -> String {
     out
 }
 
+/// The table of `frag --cluster`.
+fn cluster_table(c: &crate::frag::cluster::ClusterFrag) -> String {
+    let mut out =
+        format!("{:<28} {:>9} {:>11} {:>13} {:>10}\n", "NODE", "FRAG", "FRAG GPUS", "UNALLOC GPUS", "FREE GPUS");
+    for n in &c.nodes {
+        let _ = writeln!(
+            out,
+            "{:<28} {:>9} {:>11.2} {:>13.2} {:>10}",
+            n.name,
+            pct(n.ratio),
+            n.fragmented_gpus,
+            n.unallocated_gpus,
+            n.whole_free_gpus
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<28} {:>9} {:>11.2} {:>13.2} {:>10}",
+        "total",
+        pct(c.fragmentation_ratio),
+        c.fragmented_gpus,
+        c.unallocated_gpus,
+        c.whole_free_gpus
+    );
+    if !c.without_agent.is_empty() {
+        let _ = writeln!(out, "without a gpupart agent: {}", c.without_agent.join(", "));
+    }
+    out
+}
+
 /// Runs `frag`.
 pub fn run(g: &GlobalArgs, a: &FragArgs) -> anyhow::Result<ExitCode> {
+    if a.cluster {
+        let nodes = crate::kube::cluster::read_node_annotations(crate::kube::keys::FRAGMENTATION_ANNOTATION)?;
+        let c = crate::frag::cluster::cluster(&nodes)?;
+        match a.output {
+            StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&c)?),
+            StatusFormat::Table => print!("{}", cluster_table(&c)),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let workload = match &a.config_file {
         Some(f) => Some(Workload { weights: read_config(f)?.workload }),
         None => None,

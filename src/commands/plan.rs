@@ -2,17 +2,45 @@
 
 use super::read_input;
 use crate::cli::{PlanArgs, PlanFormat};
+use crate::fleet::current::{self, Current};
 use crate::fleet::{self, render, report};
 use anyhow::Context;
 use std::process::ExitCode;
+
+/// Today's layouts from `--current` or `--from-cluster` (empty without either).
+fn today(a: &PlanArgs, input: &fleet::input::Input) -> anyhow::Result<Current> {
+    let today = if let Some(path) = &a.current {
+        let (text, name) = read_input(path, "current layouts file")?;
+        current::parse_status_file(&text).with_context(|| format!("invalid current layouts file {name}"))?
+    } else if a.from_cluster {
+        let key = crate::kube::keys::GPUS_ANNOTATION;
+        let mut today = Current::new();
+        for (node, value) in crate::kube::cluster::read_node_annotations(key)? {
+            match value {
+                Some(v) => {
+                    today.insert(node.clone(), current::from_annotation(&node, &v)?);
+                }
+                None => tracing::debug!(%node, "no {key} annotation: no gpupart agent"),
+            }
+        }
+        today
+    } else {
+        return Ok(Current::new());
+    };
+    for node in today.keys().filter(|n| !input.nodes.iter().any(|x| &x.name == *n)) {
+        tracing::warn!(%node, "today's layouts name a node outside the fleet; ignored");
+    }
+    Ok(today)
+}
 
 /// Runs `plan`.
 pub fn run(a: &PlanArgs) -> anyhow::Result<ExitCode> {
     let (text, name) = read_input(&a.file, "demand file")?;
     let input = fleet::input::parse(&text).with_context(|| format!("invalid demand file {name}"))?;
+    let today = today(a, &input)?;
     let started = std::time::Instant::now();
-    let plan = fleet::plan(&input, &fleet::Options { headroom_pct: a.headroom })
-        .with_context(|| format!("invalid demand file {name}"))?;
+    let plan = fleet::plan_from(&input, &fleet::Options { headroom_pct: a.headroom }, &today)
+        .with_context(|| format!("invalid demand file {name} for today's layouts"))?;
     let doc = report::report(&input, &plan);
     tracing::info!(
         nodes = input.nodes.len(),

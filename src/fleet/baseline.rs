@@ -159,9 +159,9 @@ impl Gpus<'_> {
             match u {
                 GpuUse::Mig { instances, replicas } => {
                     instances.push((profile_id, p));
-                    replicas.push(rep);
+                    replicas.push(Some(rep));
                 }
-                other => *other = GpuUse::Mig { instances: vec![(profile_id, p)], replicas: vec![rep] },
+                other => *other = GpuUse::Mig { instances: vec![(profile_id, p)], replicas: vec![Some(rep)] },
             }
             s.occ[pos].add(&profile, p);
             true

@@ -10,6 +10,7 @@ pub mod assign;
 pub mod baseline;
 pub mod choose;
 pub mod configs;
+pub mod current;
 pub mod input;
 pub mod pack;
 pub mod render;
@@ -38,8 +39,14 @@ pub enum GpuUse {
     Mig {
         /// The instances.
         instances: Vec<(u32, Placement)>,
-        /// The replica of each instance, same order.
-        replicas: Vec<Replica>,
+        /// The replica of each instance, same order (`None`: an instance kept from today that
+        /// no replica of the demand takes).
+        replicas: Vec<Option<Replica>>,
+    },
+    /// A GPU without MIG that is in use today: kept as it is.
+    Busy {
+        /// Client slots of its MPS daemon, when one serves it.
+        mps_slots: Option<u32>,
     },
     /// An MPS daemon with `slots` client slots of `slot_mib` each.
     Mps {
@@ -63,7 +70,7 @@ impl GpuUse {
         match self {
             GpuUse::Idle => None,
             GpuUse::Dedicated(_) => Some(Pool::Dedicated),
-            GpuUse::Whole(_) => Some(Pool::Standard),
+            GpuUse::Whole(_) | GpuUse::Busy { .. } => Some(Pool::Standard),
             GpuUse::Mig { .. } => Some(Pool::Shared),
             GpuUse::Mps { .. } => Some(Pool::Mps),
         }
@@ -125,6 +132,8 @@ pub struct FleetPlan {
     pub choices: Vec<Choice>,
     /// The MIG search.
     pub search: SearchReport,
+    /// Today's layouts the plan started from (empty for a fresh plan).
+    pub current: current::Current,
 }
 
 /// Planner options.
@@ -154,11 +163,21 @@ pub fn demand_workload(input: &Input, choices: &[Choice]) -> Workload {
     Workload { weights }
 }
 
-/// Plans the fleet.
+/// Plans the fleet from scratch.
 pub fn plan(input: &Input, opts: &Options) -> Result<FleetPlan, input::InputError> {
+    plan_from(input, opts, &current::Current::new())
+}
+
+/// Plans the fleet starting from today's layouts: busy instances and busy GPUs stay as they are,
+/// GPUs whose instances the demand still wants are kept whole, dedicated nodes come from nodes
+/// without instances first, and the rest is packed afresh, matched to today's GPUs so that the
+/// fewest instances change.
+pub fn plan_from(input: &Input, opts: &Options, today: &current::Current) -> Result<FleetPlan, input::InputError> {
     let choices = choose::choose(input, opts.headroom_pct)?;
-    let mut b = Builder::new(input, &choices);
+    let mut b = Builder::new(input, &choices, today);
+    b.freeze()?;
     b.dedicated();
+    b.keep();
     b.mig();
     b.whole();
     b.mps();
@@ -167,6 +186,11 @@ pub fn plan(input: &Input, opts: &Options) -> Result<FleetPlan, input::InputErro
 
 struct Builder<'a> {
     input: &'a Input,
+    today: &'a current::Current,
+    /// GPUs that stay as they are (busy today, or kept whole): node → GPU index → use.
+    fixed: BTreeMap<usize, BTreeMap<usize, GpuUse>>,
+    /// Replicas still wanting a MIG instance: (model id, profile id) → replicas in demand order.
+    queues: BTreeMap<(&'static str, u32), std::collections::VecDeque<Replica>>,
     choices: &'a [Choice],
     workload: Workload,
     /// Nodes given to dedicated models: node → uses.
@@ -180,13 +204,25 @@ struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    fn new(input: &'a Input, choices: &'a [Choice]) -> Self {
+    fn new(input: &'a Input, choices: &'a [Choice], today: &'a current::Current) -> Self {
         let mut free = BTreeMap::new();
         for n in &input.nodes {
             *free.entry(n.model.id).or_insert(0) += n.gpus;
         }
+        let mut queues: BTreeMap<(&'static str, u32), std::collections::VecDeque<Replica>> = BTreeMap::new();
+        for (di, c) in choices.iter().enumerate() {
+            if let Target::Mig { model, profile_id, .. } = c.target {
+                queues
+                    .entry((model.id, profile_id))
+                    .or_default()
+                    .extend((0..input.demand[di].replicas).map(|r| (di, r)));
+            }
+        }
         Self {
             input,
+            today,
+            fixed: BTreeMap::new(),
+            queues,
             choices,
             workload: demand_workload(input, choices),
             dedicated: BTreeMap::new(),
@@ -232,8 +268,10 @@ impl<'a> Builder<'a> {
                         .nodes
                         .iter()
                         .enumerate()
-                        .filter(|(i, n)| !self.dedicated.contains_key(i) && fits(n))
-                        .min_by_key(|(i, n)| (n.gpus - tp, n.model.mig_capable(), n.model.memory_mib, *i))
+                        .filter(|(i, n)| !self.dedicated.contains_key(i) && !self.fixed.contains_key(i) && fits(n))
+                        .min_by_key(|(i, n)| {
+                            (self.instances_today(n), n.gpus - tp, n.model.mig_capable(), n.model.memory_mib, *i)
+                        })
                         .map(|(i, _)| i)
                 };
                 let Some(ni) = same.or_else(fresh) else {
@@ -320,53 +358,39 @@ impl<'a> Builder<'a> {
     }
 
     fn mig(&mut self) {
-        let mut by_model: Vec<(&'static Model, Vec<(usize, u32)>)> = Vec::new();
-        for (di, c) in self.choices.iter().enumerate() {
+        let mut by_model: Vec<(&'static Model, Vec<u32>)> = Vec::new();
+        for c in self.choices {
             if let Target::Mig { model, profile_id, .. } = c.target {
                 match by_model.iter_mut().find(|(m, _)| m.id == model.id) {
-                    Some((_, v)) => v.push((di, profile_id)),
-                    None => by_model.push((model, vec![(di, profile_id)])),
+                    Some((_, v)) if !v.contains(&profile_id) => v.push(profile_id),
+                    Some(_) => {}
+                    None => by_model.push((model, vec![profile_id])),
                 }
             }
         }
-        for (model, wants) in by_model {
+        for (model, mut profiles) in by_model {
             let table = model.profile_table();
-            let mut profiles: Vec<u32> = wants.iter().map(|(_, p)| *p).collect();
             profiles.sort_unstable();
-            profiles.dedup();
             let all = configs::enumerate(&table, &profiles, &self.workload);
-            let demand: Vec<u32> = profiles
-                .iter()
-                .map(|p| wants.iter().filter(|(_, q)| q == p).map(|(di, _)| self.input.demand[*di].replicas).sum())
-                .collect();
+            let demand: Vec<u32> =
+                profiles.iter().map(|p| self.queues.get(&(model.id, *p)).map_or(0, |q| q.len() as u32)).collect();
             let cap = self.free[model.id];
             let packing = pack::pack(&table, &all, &demand, cap);
             self.search.exact &= packing.exact;
             self.search.mig_gpus += packing.gpus.len() as u32;
             self.search.lower_bound_gpus += packing.lower_bound;
-            // Replicas per profile, in demand order, handed out GPU by GPU.
-            let mut queues: Vec<std::collections::VecDeque<Replica>> = profiles
-                .iter()
-                .map(|p| {
-                    wants
-                        .iter()
-                        .filter(|(_, q)| q == p)
-                        .flat_map(|&(di, _)| (0..self.input.demand[di].replicas).map(move |r| (di, r)))
-                        .collect()
-                })
-                .collect();
             for &gi in &packing.gpus {
                 let cfg = &all.all[gi];
-                let mut replicas = Vec::new();
-                for (id, _) in &cfg.placements {
-                    let k = profiles.iter().position(|p| p == id).unwrap_or(0);
-                    replicas.extend(queues[k].pop_front());
-                }
+                let replicas: Vec<Option<Replica>> = cfg
+                    .placements
+                    .iter()
+                    .map(|(id, _)| self.queues.get_mut(&(model.id, *id)).and_then(|q| q.pop_front()))
+                    .collect();
                 self.take_gpu(model, GpuUse::Mig { instances: cfg.placements.clone(), replicas });
             }
-            for q in queues {
+            for p in &profiles {
                 let mut per: BTreeMap<usize, u32> = BTreeMap::new();
-                for (di, _) in q {
+                for (di, _) in self.queues.remove(&(model.id, *p)).unwrap_or_default() {
                     *per.entry(di).or_default() += 1;
                 }
                 for (di, n) in per {
@@ -427,7 +451,10 @@ impl<'a> Builder<'a> {
             let members: Vec<usize> = (0..self.input.nodes.len())
                 .filter(|i| self.input.nodes[*i].model.id == model && !self.dedicated.contains_key(i))
                 .collect();
-            let caps: Vec<u32> = members.iter().map(|&i| self.input.nodes[i].gpus).collect();
+            let caps: Vec<u32> = members
+                .iter()
+                .map(|&i| self.input.nodes[i].gpus - self.fixed.get(&i).map_or(0, |f| f.len() as u32))
+                .collect();
             let mut uses = self.pending.remove(model).unwrap_or_default();
             // Identical MIG GPUs side by side, so nodes share layouts.
             uses.sort_by_key(key);
@@ -447,13 +474,185 @@ impl<'a> Builder<'a> {
             }
         }
         for (i, n) in self.input.nodes.iter().enumerate() {
-            let mut gpus = self.dedicated.remove(&i).or_else(|| shared.remove(&i)).unwrap_or_default();
-            gpus.resize(n.gpus as usize, GpuUse::Idle);
+            let gpus = match self.dedicated.remove(&i) {
+                Some(mut g) => {
+                    g.resize(n.gpus as usize, GpuUse::Idle);
+                    g
+                }
+                None => self.lay_out(i, shared.remove(&i).unwrap_or_default()),
+            };
             nodes.push(PlannedNode { node: i, gpus });
         }
         self.unplaced.sort_by_key(|u| u.demand);
-        FleetPlan { nodes, unplaced: self.unplaced, choices: self.choices.to_vec(), search: self.search }
+        FleetPlan {
+            nodes,
+            unplaced: self.unplaced,
+            choices: self.choices.to_vec(),
+            search: self.search,
+            current: self.today.clone(),
+        }
     }
+}
+
+impl Builder<'_> {
+    /// GPU instances today on a node.
+    fn instances_today(&self, n: &input::Node) -> usize {
+        self.today.get(&n.name).map_or(0, |g| g.iter().map(|g| g.instances.len()).sum())
+    }
+
+    /// Checks today's layouts against the fleet and fixes what is busy: a GPU with a busy
+    /// instance keeps all its instances, a busy GPU without MIG stays as it is.
+    fn freeze(&mut self) -> Result<(), input::InputError> {
+        for (ni, n) in self.input.nodes.iter().enumerate() {
+            let Some(gpus) = self.today.get(&n.name) else { continue };
+            let table = n.model.profile_table();
+            for g in gpus {
+                let at = format!("current '{}', GPU {}", n.name, g.index);
+                let bad = |message: String| input::InputError { at: at.clone(), message };
+                if g.index >= n.gpus {
+                    return Err(bad(format!("the fleet gives node '{}' {} GPUs", n.name, n.gpus)));
+                }
+                if !g.model.eq_ignore_ascii_case(n.model.id) {
+                    return Err(bad(format!("is a {}, the fleet says {}", g.model, n.model.id)));
+                }
+                let mut instances = Vec::new();
+                for i in &g.instances {
+                    let p =
+                        table.profiles.iter().find(|p| p.name == i.profile).ok_or_else(|| {
+                            bad(format!("{} is not a GPU-instance profile of {}", i.profile, n.model.id))
+                        })?;
+                    instances.push((p.id, Placement::new(i.start, p.memory_slices)));
+                }
+                if !g.any_busy() {
+                    continue;
+                }
+                let usage = if g.mig {
+                    GpuUse::Mig { replicas: vec![None; instances.len()], instances }
+                } else {
+                    GpuUse::Busy { mps_slots: g.mps_slots }
+                };
+                self.fix(ni, g.index as usize, usage);
+            }
+        }
+        Ok(())
+    }
+
+    fn fix(&mut self, node: usize, gpu: usize, usage: GpuUse) {
+        let model = self.input.nodes[node].model.id;
+        if let Some(f) = self.free.get_mut(model) {
+            *f = f.saturating_sub(1);
+        }
+        self.fixed.entry(node).or_default().insert(gpu, usage);
+    }
+
+    /// Gives today's instances to replicas: first those on busy GPUs, then whole idle GPUs whose
+    /// every instance a replica still wants (they move nothing).
+    fn keep(&mut self) {
+        for (ni, gpus) in self.fixed.iter_mut() {
+            let model = self.input.nodes[*ni].model.id;
+            for u in gpus.values_mut() {
+                if let GpuUse::Mig { instances, replicas } = u {
+                    for ((id, _), r) in instances.iter().zip(replicas.iter_mut()) {
+                        *r = self.queues.get_mut(&(model, *id)).and_then(|q| q.pop_front());
+                    }
+                }
+            }
+        }
+        for (ni, n) in self.input.nodes.iter().enumerate() {
+            if self.dedicated.contains_key(&ni) {
+                continue;
+            }
+            let Some(gpus) = self.today.get(&n.name) else { continue };
+            let table = n.model.profile_table();
+            for g in gpus.iter().filter(|g| g.mig && !g.any_busy() && !g.instances.is_empty()) {
+                let ids: Vec<u32> = g
+                    .instances
+                    .iter()
+                    .filter_map(|i| table.profiles.iter().find(|p| p.name == i.profile).map(|p| p.id))
+                    .collect();
+                let wanted = |id: u32| ids.iter().filter(|x| **x == id).count();
+                let all_wanted =
+                    ids.iter().all(|id| self.queues.get(&(n.model.id, *id)).is_some_and(|q| q.len() >= wanted(*id)));
+                if ids.len() != g.instances.len() || !all_wanted {
+                    continue;
+                }
+                let instances: Vec<(u32, Placement)> = g
+                    .instances
+                    .iter()
+                    .zip(&ids)
+                    .filter_map(|(i, id)| table.by_id(*id).map(|p| (*id, Placement::new(i.start, p.memory_slices))))
+                    .collect();
+                let replicas =
+                    ids.iter().map(|id| self.queues.get_mut(&(n.model.id, *id)).and_then(|q| q.pop_front())).collect();
+                self.fix(ni, g.index as usize, GpuUse::Mig { instances, replicas });
+            }
+        }
+    }
+
+    /// A node's GPUs: the fixed ones at their index, the assigned ones on the other indices,
+    /// each MIG GPU where today's instances overlap it most.
+    fn lay_out(&self, ni: usize, mut assigned: Vec<GpuUse>) -> Vec<GpuUse> {
+        let n = &self.input.nodes[ni];
+        let mut gpus: Vec<Option<GpuUse>> = vec![None; n.gpus as usize];
+        for (&g, u) in self.fixed.get(&ni).into_iter().flatten() {
+            if let Some(slot) = gpus.get_mut(g) {
+                *slot = Some(u.clone());
+            }
+        }
+        let today: Vec<Vec<String>> = (0..n.gpus)
+            .map(|i| {
+                self.today
+                    .get(&n.name)
+                    .and_then(|g| g.iter().find(|g| g.index == i))
+                    .map(|g| g.instances.iter().map(|x| x.profile.to_string()).collect())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let table = n.model.profile_table();
+        let names = |u: &GpuUse| -> Vec<String> {
+            match u {
+                GpuUse::Mig { instances, .. } => {
+                    instances.iter().filter_map(|(id, _)| table.by_id(*id).map(|p| p.name.to_string())).collect()
+                }
+                _ => Vec::new(),
+            }
+        };
+        // Most overlapping pairs first, greedily.
+        let mut pairs: Vec<(usize, usize, usize)> = Vec::new();
+        for (k, u) in assigned.iter().enumerate() {
+            let want = names(u);
+            for (g, slot) in gpus.iter().enumerate() {
+                if slot.is_none() {
+                    pairs.push((overlap(&want, &today[g]), k, g));
+                }
+            }
+        }
+        pairs.sort_by_key(|&(o, k, g)| (std::cmp::Reverse(o), k, g));
+        let mut placed = vec![false; assigned.len()];
+        for (o, k, g) in pairs {
+            if o == 0 || placed[k] || gpus[g].is_some() {
+                continue;
+            }
+            gpus[g] = Some(std::mem::replace(&mut assigned[k], GpuUse::Idle));
+            placed[k] = true;
+        }
+        let mut rest = assigned.into_iter().zip(placed).filter(|(_, p)| !p).map(|(u, _)| u);
+        gpus.into_iter().map(|slot| slot.or_else(|| rest.next()).unwrap_or(GpuUse::Idle)).collect()
+    }
+}
+
+/// Instances two profile lists have in common (multiset intersection).
+pub fn overlap(a: &[String], b: &[String]) -> usize {
+    let mut b: Vec<&String> = b.iter().collect();
+    a.iter()
+        .filter(|x| match b.iter().position(|y| y == x) {
+            Some(i) => {
+                b.swap_remove(i);
+                true
+            }
+            None => false,
+        })
+        .count()
 }
 
 /// Sort key grouping equal GPU uses: pool, then the MIG profile multiset.

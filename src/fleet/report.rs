@@ -36,6 +36,34 @@ pub struct PlanDoc {
     pub baselines: Vec<BaselineDoc>,
     /// The pool choice of every model, with its reason.
     pub decisions: Vec<DecisionDoc>,
+    /// Per GPU that changes against today's layouts (`--current`, `--from-cluster`).
+    pub moves: Vec<MoveDoc>,
+}
+
+/// The instances one GPU loses and gains against today.
+#[derive(Debug, Clone, Serialize)]
+pub struct MoveDoc {
+    /// Node name.
+    pub node: String,
+    /// GPU index.
+    pub gpu: u32,
+    /// Today's instances that go (`profile@start`); never a busy one.
+    pub destroy: Vec<String>,
+    /// Instances created (profile names).
+    pub create: Vec<String>,
+}
+
+/// Instances kept, destroyed and created against today.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MovesDoc {
+    /// Today's instances that stay.
+    pub kept: u32,
+    /// Of those, busy ones (always all of today's busy instances).
+    pub busy_kept: u32,
+    /// Today's instances destroyed.
+    pub destroyed: u32,
+    /// Instances created.
+    pub created: u32,
 }
 
 /// One node.
@@ -130,6 +158,8 @@ pub struct Summary {
     pub pools: BTreeMap<String, PoolDoc>,
     /// The MIG search.
     pub search: SearchDoc,
+    /// Against today's layouts (all zero for a fresh plan).
+    pub moves: MovesDoc,
 }
 
 /// A baseline's figures.
@@ -209,7 +239,7 @@ pub fn measure(input: &Input, tables: &Tables, nodes: &[PlannedNode], workload: 
         for u in &pn.gpus {
             let (free, frag) = match u {
                 GpuUse::Idle => (1.0, 0.0),
-                GpuUse::Dedicated(_) | GpuUse::Whole(_) => (0.0, 0.0),
+                GpuUse::Dedicated(_) | GpuUse::Whole(_) | GpuUse::Busy { .. } => (0.0, 0.0),
                 GpuUse::Mps { slots, clients, .. } => {
                     (f64::from(slots.saturating_sub(clients.len() as u32)) / f64::from((*slots).max(1)), 0.0)
                 }
@@ -272,7 +302,8 @@ pub fn node_specs(input: &Input, tables: &Tables, pn: &PlannedNode) -> Vec<GpuSp
         .iter()
         .map(|u| match u {
             GpuUse::Idle if mig_node => GpuSpec::Mig(Vec::new()),
-            GpuUse::Idle | GpuUse::Dedicated(_) | GpuUse::Whole(_) => GpuSpec::Off,
+            GpuUse::Idle | GpuUse::Dedicated(_) | GpuUse::Whole(_) | GpuUse::Busy { mps_slots: None } => GpuSpec::Off,
+            GpuUse::Busy { mps_slots: Some(slots) } => GpuSpec::Mps { slots: *slots, limit_mib: None },
             GpuUse::Mps { slot_mib, slots, .. } => GpuSpec::Mps {
                 slots: *slots,
                 limit_mib: crate::mps::settings::model_limits(model).1.then_some(*slot_mib),
@@ -344,16 +375,16 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
                 });
             };
             match u {
-                GpuUse::Idle => {}
+                GpuUse::Idle | GpuUse::Busy { .. } => {}
                 GpuUse::Dedicated(rep) | GpuUse::Whole(rep) => place(*rep, "whole".into()),
                 GpuUse::Mps { clients, .. } => clients.iter().for_each(|rep| place(*rep, "mps".into())),
                 GpuUse::Mig { instances, replicas } => {
-                    for ((id, _), rep) in instances.iter().zip(replicas) {
+                    for ((id, _), rep) in instances.iter().zip(replicas).filter_map(|(i, r)| r.map(|r| (i, r))) {
                         let name = tables
                             .get(node.model.id)
                             .and_then(|t| t.by_id(*id))
                             .map_or_else(String::new, |p| p.name.to_string());
-                        place(*rep, name);
+                        place(rep, name);
                     }
                 }
             }
@@ -363,8 +394,8 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
                 let reps: Vec<(usize, u32)> = match u {
                     GpuUse::Dedicated(r) | GpuUse::Whole(r) => vec![*r],
                     GpuUse::Mps { clients, .. } => clients.clone(),
-                    GpuUse::Mig { replicas, .. } => replicas.clone(),
-                    GpuUse::Idle => Vec::new(),
+                    GpuUse::Mig { replicas, .. } => replicas.iter().flatten().copied().collect(),
+                    GpuUse::Idle | GpuUse::Busy { .. } => Vec::new(),
                 };
                 for (di, r) in reps {
                     if replicas_seen.insert((p, di, r), ()).is_none() {
@@ -385,6 +416,7 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
         });
     }
     let m = measure(input, &tables, &plan.nodes, &workload);
+    let (moves, moves_total) = moves(input, &tables, plan);
     let s = &plan.search;
     let summary = Summary {
         gpus_total: m.gpus_used + m.gpus_idle,
@@ -401,6 +433,7 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
             lower_bound_gpus: s.lower_bound_gpus,
             gap_gpus: s.mig_gpus.saturating_sub(s.lower_bound_gpus),
         },
+        moves: moves_total,
     };
     let baselines: Vec<BaselineDoc> = baseline::all(input, &plan.choices)
         .into_iter()
@@ -449,5 +482,52 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
                 }
             })
             .collect(),
+        moves,
     }
+}
+
+/// The per-GPU changes against today, and their totals: an instance of today stays when the
+/// planned GPU holds an instance of its profile (the agent's planner keeps existing instances of
+/// a wanted profile where they are).
+fn moves(input: &Input, tables: &Tables, plan: &FleetPlan) -> (Vec<MoveDoc>, MovesDoc) {
+    let mut out = Vec::new();
+    let mut total = MovesDoc::default();
+    for pn in &plan.nodes {
+        let node = &input.nodes[pn.node];
+        let Some(today) = plan.current.get(&node.name) else { continue };
+        let Some(t) = tables.get(node.model.id) else { continue };
+        for (gi, u) in pn.gpus.iter().enumerate() {
+            let now: Vec<&super::current::CurrentInstance> =
+                today.iter().find(|g| g.index as usize == gi).map(|g| g.instances.iter().collect()).unwrap_or_default();
+            let mut planned: Vec<(String, u32)> = match u {
+                GpuUse::Mig { instances, .. } => instances
+                    .iter()
+                    .filter_map(|(id, pl)| t.by_id(*id).map(|p| (p.name.to_string(), pl.start)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let mut destroy = Vec::new();
+            for i in now {
+                match planned.iter().position(|(n, _)| *n == i.profile.to_string()) {
+                    Some(k) => {
+                        planned.swap_remove(k);
+                        total.kept += 1;
+                        total.busy_kept += u32::from(i.busy);
+                    }
+                    None => destroy.push(format!("{}@{}", i.profile, i.start)),
+                }
+            }
+            total.destroyed += destroy.len() as u32;
+            total.created += planned.len() as u32;
+            if !destroy.is_empty() || !planned.is_empty() {
+                out.push(MoveDoc {
+                    node: node.name.clone(),
+                    gpu: gi as u32,
+                    destroy,
+                    create: planned.into_iter().map(|(n, _)| n).collect(),
+                });
+            }
+        }
+    }
+    (out, total)
 }

@@ -173,8 +173,9 @@ fn replicas_add_up(i: &Input, p: &FleetPlan) {
             let reps: Vec<Replica> = match u {
                 GpuUse::Idle => vec![],
                 GpuUse::Dedicated(r) | GpuUse::Whole(r) => vec![*r],
-                GpuUse::Mig { replicas, .. } => replicas.clone(),
+                GpuUse::Mig { replicas, .. } => replicas.iter().flatten().copied().collect(),
                 GpuUse::Mps { clients, .. } => clients.clone(),
+                GpuUse::Busy { .. } => vec![],
             };
             for r in reps {
                 seen.entry(r).or_default().push(pn.node);
@@ -493,7 +494,7 @@ fn the_json_keys_stay_as_documented() {
     let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     assert_eq!(
         keys(&doc),
-        ["nodes", "placements", "unplaced", "config", "summary", "baseline", "baselines", "decisions"]
+        ["nodes", "placements", "unplaced", "config", "summary", "baseline", "baselines", "decisions", "moves"]
     );
     assert_eq!(keys(&doc["nodes"][0]), ["name", "pool", "layout", "labels", "taints", "gpu", "gpus", "pools"]);
     assert_eq!(keys(&doc["placements"][0]), ["model", "replica", "node", "gpu", "profile"]);
@@ -503,4 +504,101 @@ fn the_json_keys_stay_as_documented() {
     }
     assert_eq!(keys(&doc["baseline"]), ["name", "gpus_used", "fragmentation_ratio", "unplaced", "mixed_nodes"]);
     assert_eq!(doc["baseline"]["name"], "first-fit");
+}
+
+fn gpu(index: u32, model: &str, layout: &[(&str, u32, bool)]) -> current::CurrentGpu {
+    current::CurrentGpu {
+        index,
+        model: model.into(),
+        mig: !layout.is_empty(),
+        instances: layout
+            .iter()
+            .map(|(p, s, b)| current::CurrentInstance { profile: p.parse().unwrap(), start: *s, busy: *b })
+            .collect(),
+        busy: false,
+        mps_slots: None,
+    }
+}
+
+const M: &str = "A100-SXM4-80GB";
+
+#[test]
+fn today_busy_instances_stay_and_matching_gpus_are_kept_whole() {
+    // Two nodes of 2 GPUs: a100-0 serves 3g.40gb ×2 on both GPUs (one busy), a100-1 is empty.
+    let i = a100_fleet(2, 2, "  - {name: m13, memory: 30Gi, replicas: 3}\n  - {name: tp, gpus: 2}\n");
+    let mut today = current::Current::new();
+    today.insert(
+        "a100-0".into(),
+        vec![
+            gpu(0, M, &[("3g.40gb", 0, true), ("3g.40gb", 4, false)]),
+            gpu(1, M, &[("3g.40gb", 0, false), ("3g.40gb", 4, false)]),
+        ],
+    );
+    let p = plan_from(&i, &Options::default(), &today).unwrap();
+    replicas_add_up(&i, &p);
+    mig_gpus_are_legal(&i, &p);
+    let doc = report(&i, &p);
+    // The dedicated replica takes the empty node; the busy GPU stays whole, the idle one keeps
+    // the one 3g.40gb still wanted and releases the other: one instance moves.
+    assert_eq!(doc.nodes[1].pool, "dedicated");
+    assert_eq!((doc.summary.moves.kept, doc.summary.moves.busy_kept), (3, 1));
+    assert_eq!((doc.summary.moves.destroyed, doc.summary.moves.created), (1, 0), "{:?}", doc.moves);
+    assert_eq!(doc.moves.len(), 1);
+    assert_eq!((doc.moves[0].node.as_str(), doc.moves[0].gpu), ("a100-0", 1));
+    assert_eq!(doc.placements.iter().filter(|x| x.model == "m13").count(), 3);
+}
+
+#[test]
+fn today_changes_only_what_the_demand_no_longer_wants() {
+    // Today: GPU 0 holds 1g.10gb ×7 (one busy at slot 3), GPU 1 holds 3g.40gb ×2. Demand: 3g ×2
+    // and one 1g.10gb: GPU 1 stays, GPU 0 keeps its busy 1g and loses the rest.
+    let i =
+        a100_fleet(1, 2, "  - {name: a, memory: 30Gi, replicas: 2}\n  - {name: e, profile: 1g.10gb, replicas: 1}\n");
+    let small: Vec<(&str, u32, bool)> = (0..7).map(|s| ("1g.10gb", s, s == 3)).collect();
+    let mut today = current::Current::new();
+    today.insert("a100-0".into(), vec![gpu(0, M, &small), gpu(1, M, &[("3g.40gb", 0, false), ("3g.40gb", 4, false)])]);
+    let p = plan_from(&i, &Options::default(), &today).unwrap();
+    let doc = report(&i, &p);
+    assert_eq!(doc.summary.moves.busy_kept, 1);
+    assert_eq!(doc.summary.moves.kept, 7 + 2, "a busy GPU keeps all its instances: {:?}", doc.moves);
+    assert_eq!(doc.summary.moves.destroyed, 0);
+    assert!(doc.moves.iter().all(|m| !m.destroy.iter().any(|d| d == "1g.10gb@3")));
+    // Without the busy instance GPU 0 is not wanted whole and gets emptied: six destroyed.
+    let idle: Vec<(&str, u32, bool)> = (0..7).map(|s| ("1g.10gb", s, false)).collect();
+    today.insert("a100-0".into(), vec![gpu(0, M, &idle), gpu(1, M, &[("3g.40gb", 0, false), ("3g.40gb", 4, false)])]);
+    let doc = report(&i, &plan_from(&i, &Options::default(), &today).unwrap());
+    assert_eq!((doc.summary.moves.kept, doc.summary.moves.destroyed), (3, 6), "{:?}", doc.moves);
+    assert_eq!(doc.moves.len(), 1);
+    assert_eq!(doc.moves[0].gpu, 0);
+}
+
+#[test]
+fn today_must_match_the_fleet() {
+    let i = a100_fleet(1, 2, "  - {name: e, profile: 1g.10gb}\n");
+    let mut today = current::Current::new();
+    today.insert("a100-0".into(), vec![gpu(5, M, &[])]);
+    let e = plan_from(&i, &Options::default(), &today).unwrap_err().to_string();
+    assert!(e.contains("current 'a100-0', GPU 5") && e.contains("2 GPUs"), "{e}");
+    today.insert("a100-0".into(), vec![gpu(0, "H100-SXM5-80GB", &[])]);
+    let e = plan_from(&i, &Options::default(), &today).unwrap_err().to_string();
+    assert!(e.contains("is a H100-SXM5-80GB, the fleet says A100-SXM4-80GB"), "{e}");
+    today.insert("a100-0".into(), vec![gpu(0, M, &[("1g.5gb", 0, false)])]);
+    let e = plan_from(&i, &Options::default(), &today).unwrap_err().to_string();
+    assert!(e.contains("1g.5gb is not a GPU-instance profile of A100-SXM4-80GB"), "{e}");
+}
+
+#[test]
+fn annotations_read_as_the_agent_writes_them() {
+    let a = r#"[{"i":0,"uuid":"GPU-1","model":"A100-SXM4-80GB","mode":"mig","layout":["2g.20gb@0","1g.10gb@2*","3g.40gb@4"],"creatable":{},"largest":"none","frag":0.0},
+               {"i":1,"uuid":"GPU-2","model":"A100-SXM4-80GB","mode":"mps","slots":4,"slotsUsed":1},
+               {"i":2,"uuid":"GPU-3","model":"A100-SXM4-80GB","mode":"none","busy":false}]"#;
+    let g = current::from_annotation("n", a).unwrap();
+    assert_eq!(g.len(), 3);
+    assert_eq!(g[0].instances.len(), 3);
+    assert!(g[0].instances[1].busy && !g[0].instances[0].busy);
+    assert_eq!(g[0].instances[2].start, 4);
+    assert!(g[1].busy && g[1].mps_slots == Some(4) && !g[1].mig);
+    assert!(!g[2].busy);
+    let e = current::from_annotation("n", r#"[{"i":0,"model":"x","mode":"mig","layout":["3g"]}]"#).unwrap_err();
+    assert!(e.to_string().contains("node 'n', annotation 'gpupart.io/gpus', [0]"), "{e}");
 }

@@ -39,6 +39,8 @@ pub struct ApiState {
     pub pods: Vec<Value>,
     /// Every node PATCH body accepted, in order.
     pub patches: Vec<Value>,
+    /// Further nodes (name → annotations), served in node lists and by name (read only).
+    pub other_nodes: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 #[derive(Clone)]
@@ -76,6 +78,15 @@ fn node_object(s: &ApiState, metadata_only: bool) -> Value {
         json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta(s)})
     } else {
         json!({"apiVersion": "v1", "kind": "Node", "metadata": meta(s), "spec": {}, "status": {}})
+    }
+}
+
+fn other_node(name: &str, annotations: &BTreeMap<String, String>, rv: u64, metadata_only: bool) -> Value {
+    let meta = json!({"name": name, "uid": format!("uid-{name}"), "resourceVersion": rv.to_string(), "annotations": annotations});
+    if metadata_only {
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta})
+    } else {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": {}, "status": {}})
     }
 }
 
@@ -170,13 +181,20 @@ async fn handle(
         ("GET", Some(""), _) => {
             let s = sh.state.lock().unwrap();
             let wanted = q.get("fieldSelector").map(|f| f == &format!("metadata.name={}", s.node)).unwrap_or(true);
-            let items: Vec<Value> = if wanted { vec![node_object(&s, metadata_only)] } else { vec![] };
+            let mut items: Vec<Value> = if wanted { vec![node_object(&s, metadata_only)] } else { vec![] };
+            let selected = |name: &str| q.get("fieldSelector").is_none_or(|f| f == &format!("metadata.name={name}"));
+            items.extend(
+                s.other_nodes.iter().filter(|(n, _)| selected(n)).map(|(n, a)| other_node(n, a, s.rv, metadata_only)),
+            );
             let (api, kind) =
                 if metadata_only { ("meta.k8s.io/v1", "PartialObjectMetadataList") } else { ("v1", "NodeList") };
             axum::Json(json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})).into_response()
         }
         ("GET", Some(name), _) => {
             let s = sh.state.lock().unwrap();
+            if let Some(a) = s.other_nodes.get(name) {
+                return axum::Json(other_node(name, a, s.rv, metadata_only)).into_response();
+            }
             if name != s.node {
                 return status(404, "NotFound", "node not found");
             }
@@ -348,6 +366,13 @@ impl ApiServer {
     /// Number of write requests (PATCH, POST, PUT, DELETE) seen so far.
     pub fn writes(&self) -> usize {
         self.state().requests.iter().filter(|(m, _)| m != "GET").count()
+    }
+
+    /// Adds a further (read-only) node with these annotations.
+    #[allow(dead_code)]
+    pub fn add_node(&self, name: &str, annotations: &[(&str, &str)]) {
+        let a = annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.state().other_nodes.insert(name.to_string(), a);
     }
 
     /// Writes a kubeconfig for this server into `dir` and returns its path.

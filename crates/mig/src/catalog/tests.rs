@@ -29,8 +29,17 @@ fn derived_names_match_nvidia_configs() {
         (
             "RTX-PRO-6000-96GB",
             &[
-                "1g.24gb", "2g.48gb", "4g.96gb", "1g.24gb+me", "1g.24gb+gfx", "2g.48gb+gfx", "4g.96gb+gfx", "1g.24gb-me",
-                "2g.48gb-me", "1g.24gb+me.all", "2g.48gb+me.all",
+                "1g.24gb",
+                "2g.48gb",
+                "4g.96gb",
+                "1g.24gb+me",
+                "1g.24gb+gfx",
+                "2g.48gb+gfx",
+                "4g.96gb+gfx",
+                "1g.24gb-me",
+                "2g.48gb-me",
+                "1g.24gb+me.all",
+                "2g.48gb+me.all",
             ],
         ),
     ];

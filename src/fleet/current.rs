@@ -1,0 +1,130 @@
+//! Today's layouts, the starting point of `plan --current FILE | --from-cluster` (pure parsing):
+//! per node, per GPU, the MIG instances (profile, start, busy) or whether a GPU without MIG is in
+//! use. Read from `gpupart status -o json` documents or the agents' `gpupart.io/gpus` annotations.
+
+use super::input::InputError;
+use crate::mig::ProfileName;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// One GPU instance of today.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentInstance {
+    /// GPU-instance profile name.
+    pub profile: ProfileName,
+    /// Placement start (memory slices).
+    pub start: u32,
+    /// In use by a process or a pod: never moved.
+    pub busy: bool,
+}
+
+/// One GPU of today.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentGpu {
+    /// NVML index on its node.
+    pub index: u32,
+    /// Catalog model id as the node reported it.
+    pub model: String,
+    /// MIG enabled.
+    pub mig: bool,
+    /// Its GPU instances (MIG only).
+    pub instances: Vec<CurrentInstance>,
+    /// A GPU without MIG that is in use (processes, pods, MPS clients).
+    pub busy: bool,
+    /// Client slots of its MPS daemon, when one serves it.
+    pub mps_slots: Option<u32>,
+}
+
+impl CurrentGpu {
+    /// Whether anything on the GPU is in use.
+    pub fn any_busy(&self) -> bool {
+        self.busy || self.instances.iter().any(|i| i.busy)
+    }
+}
+
+/// Today's GPUs by node name.
+pub type Current = BTreeMap<String, Vec<CurrentGpu>>;
+
+fn err(at: String, message: impl Into<String>) -> InputError {
+    InputError { at, message: message.into() }
+}
+
+fn profile(at: &str, s: &str) -> Result<ProfileName, InputError> {
+    s.parse::<ProfileName>().map(|p| p.gi_name()).map_err(|e| err(at.to_string(), e.to_string()))
+}
+
+/// One node's `gpupart status -o json` document.
+pub fn from_status(node: &str, doc: &Value) -> Result<Vec<CurrentGpu>, InputError> {
+    let at = format!("current '{node}'");
+    let gpus =
+        doc["gpus"].as_array().ok_or_else(|| err(at.clone(), "expected a `status -o json` document with 'gpus'"))?;
+    gpus.iter()
+        .enumerate()
+        .map(|(k, g)| {
+            let at = format!("{at}, gpus[{k}]");
+            let index = g["index"].as_u64().ok_or_else(|| err(at.clone(), "missing 'index'"))? as u32;
+            let model = g["model"].as_str().ok_or_else(|| err(at.clone(), "missing 'model'"))?.to_string();
+            let mig = g["mig_mode"]["current"].as_bool().unwrap_or(false);
+            // One entry per compute instance: a GPU instance is its (profile, start), busy if any CI is.
+            let mut instances: Vec<CurrentInstance> = Vec::new();
+            for (j, i) in g["instances"].as_array().map(Vec::as_slice).unwrap_or(&[]).iter().enumerate() {
+                let at = format!("{at}, instances[{j}]");
+                let name = i["gpu_instance_profile"].as_str().or(i["profile"].as_str());
+                let name = name.ok_or_else(|| err(at.clone(), "missing 'profile'"))?;
+                let start =
+                    i["placement"]["start"].as_u64().ok_or_else(|| err(at.clone(), "missing 'placement.start'"))?;
+                let (profile, start, busy) = (profile(&at, name)?, start as u32, i["busy"].as_bool().unwrap_or(false));
+                match instances.iter_mut().find(|x| x.start == start && x.profile == profile) {
+                    Some(x) => x.busy |= busy,
+                    None => instances.push(CurrentInstance { profile, start, busy }),
+                }
+            }
+            let listed = |k: &str| g[k].as_array().is_some_and(|a| !a.is_empty());
+            let clients = g["mps"]["clients"].as_array().is_some_and(|a| !a.is_empty());
+            let busy = !mig && (listed("processes") || listed("pods") || clients);
+            let mps_slots = g["mps"]["replicas"].as_u64().map(|n| n as u32);
+            Ok(CurrentGpu { index, model, mig, instances, busy, mps_slots })
+        })
+        .collect()
+}
+
+/// A file of `status -o json` documents: a mapping from node name to its document (YAML or JSON).
+pub fn parse_status_file(text: &str) -> Result<Current, InputError> {
+    let root: Value = serde_saphyr::from_str(text).map_err(|e| err("current".into(), format!("invalid YAML: {e}")))?;
+    let Value::Object(m) = root else {
+        return Err(err("current".into(), "expected a mapping from node name to its `status -o json` document"));
+    };
+    m.iter().map(|(node, doc)| Ok((node.clone(), from_status(node, doc)?))).collect()
+}
+
+/// One node's `gpupart.io/gpus` annotation (docs/metrics.md).
+pub fn from_annotation(node: &str, text: &str) -> Result<Vec<CurrentGpu>, InputError> {
+    let at = format!("node '{node}', annotation 'gpupart.io/gpus'");
+    let v: Value = serde_json::from_str(text).map_err(|e| err(at.clone(), format!("invalid JSON: {e}")))?;
+    let gpus = v.as_array().ok_or_else(|| err(at.clone(), "expected a JSON array"))?;
+    gpus.iter()
+        .enumerate()
+        .map(|(k, g)| {
+            let at = format!("{at}, [{k}]");
+            let index = g["i"].as_u64().ok_or_else(|| err(at.clone(), "missing 'i'"))? as u32;
+            let model = g["model"].as_str().ok_or_else(|| err(at.clone(), "missing 'model'"))?.to_string();
+            let mode = g["mode"].as_str().unwrap_or("none");
+            let mut instances = Vec::new();
+            for item in g["layout"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+                let s = item.as_str().ok_or_else(|| err(at.clone(), "'layout' holds a non-string"))?;
+                let (s, busy) = s.strip_suffix('*').map_or((s, false), |s| (s, true));
+                let (name, start) =
+                    s.split_once('@').ok_or_else(|| err(at.clone(), format!("'{s}' is not profile@start")))?;
+                let start: u32 = start.parse().map_err(|_| err(at.clone(), format!("'{s}' has no numeric start")))?;
+                instances.push(CurrentInstance { profile: profile(&at, name)?, start, busy });
+            }
+            let busy = match mode {
+                "mps" => g["slotsUsed"].as_u64().unwrap_or(0) > 0,
+                "mig" => false,
+                _ => g["busy"].as_bool().unwrap_or(false),
+            };
+            let mps_slots = g["slots"].as_u64().filter(|_| mode == "mps").map(|n| n as u32);
+            Ok(CurrentGpu { index, model, mig: mode == "mig", instances, busy, mps_slots })
+        })
+        .collect()
+}
