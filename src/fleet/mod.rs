@@ -169,15 +169,16 @@ pub fn plan(input: &Input, opts: &Options) -> Result<FleetPlan, input::InputErro
 }
 
 /// Plans the fleet starting from today's layouts: busy instances and busy GPUs stay as they are,
-/// GPUs whose instances the demand still wants are kept whole, dedicated nodes come from nodes
-/// without instances first, and the rest is packed afresh, matched to today's GPUs so that the
-/// fewest instances change.
+/// dedicated nodes come from nodes without instances first, every instance of today a replica
+/// still wants stays (the fewest moves), kept GPUs take more wanted instances in their free
+/// space, and the rest is packed afresh, matched to today's GPUs by overlap.
 pub fn plan_from(input: &Input, opts: &Options, today: &current::Current) -> Result<FleetPlan, input::InputError> {
     let choices = choose::choose(input, opts.headroom_pct)?;
     let mut b = Builder::new(input, &choices, today);
     b.freeze()?;
     b.dedicated();
     b.keep();
+    b.fill_kept();
     b.mig();
     b.whole();
     b.mps();
@@ -585,6 +586,59 @@ impl Builder<'_> {
                 let replicas =
                     ids.iter().map(|id| self.queues.get_mut(&(n.model.id, *id)).and_then(|q| q.pop_front())).collect();
                 self.fix(ni, g.index as usize, GpuUse::Mig { instances, replicas });
+            }
+        }
+        // Then every other idle GPU keeps the instances a replica still wants (the rest go):
+        // each kept instance saves a destroy and a create, so keeping as many as the demand
+        // wants is the fewest moves.
+        for (ni, n) in self.input.nodes.iter().enumerate() {
+            if self.dedicated.contains_key(&ni) {
+                continue;
+            }
+            let Some(gpus) = self.today.get(&n.name) else { continue };
+            let table = n.model.profile_table();
+            for g in gpus.iter().filter(|g| g.mig && !g.any_busy()) {
+                if self.fixed.get(&ni).is_some_and(|f| f.contains_key(&(g.index as usize))) {
+                    continue;
+                }
+                let (mut instances, mut replicas) = (Vec::new(), Vec::new());
+                for i in &g.instances {
+                    let Some(p) = table.profiles.iter().find(|p| p.name == i.profile) else { continue };
+                    if let Some(r) = self.queues.get_mut(&(n.model.id, p.id)).and_then(|q| q.pop_front()) {
+                        instances.push((p.id, Placement::new(i.start, p.memory_slices)));
+                        replicas.push(Some(r));
+                    }
+                }
+                if !instances.is_empty() {
+                    self.fix(ni, g.index as usize, GpuUse::Mig { instances, replicas });
+                }
+            }
+        }
+    }
+
+    /// Fills the free space of the GPUs kept from today (busy or not) with instances still
+    /// wanted on their model, largest first, at the first legal placement: no move, fewer GPUs.
+    fn fill_kept(&mut self) {
+        for (ni, gpus) in self.fixed.iter_mut() {
+            let model = self.input.nodes[*ni].model;
+            let table = model.profile_table();
+            for u in gpus.values_mut() {
+                let GpuUse::Mig { instances, replicas } = u else { continue };
+                let mut occ = crate::mig::capacity::Occupancy::of(&table, instances.iter().copied());
+                let mut wanted: Vec<&crate::mig::GiProfile> = table
+                    .profiles
+                    .iter()
+                    .filter(|p| self.queues.get(&(model.id, p.id)).is_some_and(|q| !q.is_empty()))
+                    .collect();
+                wanted.sort_by_key(|p| (std::cmp::Reverse(p.memory_slices), std::cmp::Reverse(p.slices), p.id));
+                for p in wanted {
+                    while let Some(pl) = p.placements.iter().copied().find(|pl| occ.check(&table, p, *pl).is_ok()) {
+                        let Some(r) = self.queues.get_mut(&(model.id, p.id)).and_then(|q| q.pop_front()) else { break };
+                        occ.add(p, pl);
+                        instances.push((p.id, pl));
+                        replicas.push(Some(r));
+                    }
+                }
             }
         }
     }

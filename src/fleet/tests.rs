@@ -602,3 +602,75 @@ fn annotations_read_as_the_agent_writes_them() {
     let e = current::from_annotation("n", r#"[{"i":0,"model":"x","mode":"mig","layout":["3g"]}]"#).unwrap_err();
     assert!(e.to_string().contains("node 'n', annotation 'gpupart.io/gpus', [0]"), "{e}");
 }
+
+#[test]
+fn kept_gpus_take_more_instances_in_their_free_space() {
+    // Today: two GPUs each with 3g.40gb@0 and 1g.10gb@4, idle. Demand: 3g ×2 and 1g.10gb ×4.
+    let i =
+        a100_fleet(1, 2, "  - {name: a, memory: 30Gi, replicas: 2}\n  - {name: e, profile: 1g.10gb, replicas: 4}\n");
+    let mut today = current::Current::new();
+    let g = |k| gpu(k, M, &[("3g.40gb", 0, false), ("1g.10gb", 4, false)]);
+    today.insert("a100-0".into(), vec![g(0), g(1)]);
+    let p = plan_from(&i, &Options::default(), &today).unwrap();
+    mig_gpus_are_legal(&i, &p);
+    replicas_add_up(&i, &p);
+    let doc = report(&i, &p);
+    assert!(doc.unplaced.is_empty());
+    assert_eq!((doc.summary.moves.kept, doc.summary.moves.destroyed, doc.summary.moves.created), (4, 0, 2));
+    assert_eq!(doc.summary.gpus_used, 2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// From any today, the plan keeps every busy instance and as many idle ones as the demand
+    /// wants, which no plan can beat: the fewest moves.
+    #[test]
+    fn plans_from_today_keep_the_most_instances(
+        picks in proptest::collection::vec((0usize..200, proptest::collection::vec(any::<bool>(), 7)), 1..4),
+        want in proptest::collection::vec(0u32..6, 3),
+    ) {
+        let m = catalog::lookup(M).unwrap();
+        let t = m.profile_table();
+        let base: Vec<u32> = ["1g.10gb", "2g.20gb", "3g.40gb"].iter().map(|n| t.resolve(&n.parse().unwrap()).unwrap().0.id).collect();
+        let all = enumerate(&t, &base, &Workload::default()).all;
+        let gpus: Vec<current::CurrentGpu> = picks
+            .iter()
+            .enumerate()
+            .map(|(k, (c, busy))| {
+                let cfg = &all[c % all.len()];
+                let instances = cfg
+                    .placements
+                    .iter()
+                    .zip(busy)
+                    .map(|((id, pl), b)| current::CurrentInstance { profile: t.by_id(*id).unwrap().name.clone(), start: pl.start, busy: *b && k == 0 })
+                    .collect();
+                current::CurrentGpu { index: k as u32, model: M.into(), mig: true, instances, busy: false, mps_slots: None }
+            })
+            .collect();
+        let names = ["1g.10gb", "2g.20gb", "3g.40gb"];
+        let demand: String = names.iter().zip(&want).map(|(n, r)| format!("  - {{name: m{n}, profile: {n}, replicas: {r}}}\n")).collect();
+        let i = a100_fleet(1, picks.len() as u32, &demand);
+        let mut today = current::Current::new();
+        today.insert("a100-0".into(), gpus.clone());
+        let p = plan_from(&i, &Options::default(), &today).unwrap();
+        mig_gpus_are_legal(&i, &p);
+        replicas_add_up(&i, &p);
+        let doc = report(&i, &p);
+        let count = |name: &str, busy: bool| gpus.iter().flat_map(|g| &g.instances).filter(|x| x.profile.to_string() == name && x.busy == busy).count() as u32;
+        // A GPU with a busy instance keeps all of it; its idle instances count as busy-held here.
+        let held = |name: &str| gpus.iter().filter(|g| g.any_busy()).flat_map(|g| &g.instances).filter(|x| x.profile.to_string() == name).count() as u32;
+        let idle_elsewhere = |name: &str| gpus.iter().filter(|g| !g.any_busy()).flat_map(|g| &g.instances).filter(|x| x.profile.to_string() == name).count() as u32;
+        let best: u32 = names.iter().zip(&want).map(|(n, w)| held(n) + idle_elsewhere(n).min(w.saturating_sub(held(n)))).sum();
+        let busy: u32 = names.iter().map(|n| count(n, true)).sum();
+        prop_assert_eq!(doc.summary.moves.busy_kept, busy);
+        prop_assert_eq!(doc.summary.moves.kept, best, "{:?}", doc.moves);
+        for mv in &doc.moves {
+            for d in &mv.destroy {
+                let (name, start) = d.split_once('@').unwrap();
+                let g = &gpus[mv.gpu as usize];
+                prop_assert!(!g.instances.iter().any(|x| x.busy && x.profile.to_string() == name && x.start.to_string() == start), "busy {d} destroyed");
+            }
+        }
+    }
+}
