@@ -8,4 +8,5 @@
 
 pub mod abi;
 pub mod handle;
+pub mod ident;
 pub mod runtime;

@@ -9,8 +9,10 @@
 mod ci;
 mod device;
 mod gi;
+mod inventory;
 mod migdev;
 mod system;
+pub mod unsupported;
 
 use crate::handle::Handle;
 use crate::runtime::{self, Ret, INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_FOUND, SUCCESS, UNKNOWN};
