@@ -253,6 +253,17 @@ impl Run<'_> {
                 tracing::info!(gi = d.gi_id, profile = %d.name, start = d.placement.start, "destroyed GPU instance");
                 self.steps.push(Step::DestroyGi { gi: d.gi_id, name: d.name.clone(), placement: d.placement });
             }
+            for r in &plan.reshape {
+                for &ci in &r.ci_ids {
+                    self.backend.destroy_compute_instance(self.gpu, r.gi_id, ci)?;
+                    self.steps.push(Step::DestroyCi { gi: r.gi_id, ci });
+                }
+                for ((ci_profile, placement), name) in r.cis.iter().zip(&r.device_names) {
+                    let ci = self.backend.create_compute_instance(self.gpu, r.gi_id, *ci_profile, *placement)?;
+                    self.steps.push(Step::CreateCi { gi: r.gi_id, ci, name: name.clone() });
+                }
+                tracing::info!(gi = r.gi_id, profile = %r.name, start = r.placement.start, cis = ?r.device_names, "redid the compute instances of a kept GPU instance");
+            }
             for c in &plan.create {
                 self.create(c)?;
             }

@@ -143,10 +143,9 @@ impl Pass {
 
     /// GPU instances (kept, destroyed, created) over all plans.
     pub fn instance_counts(&self) -> (usize, usize, usize) {
-        self.jobs
-            .iter()
-            .filter_map(|j| j.plan.as_ref())
-            .fold((0, 0, 0), |(k, d, c), p| (k + p.keep.len(), d + p.destroy.len(), c + p.create.len()))
+        self.jobs.iter().filter_map(|j| j.plan.as_ref()).fold((0, 0, 0), |(k, d, c), p| {
+            (k + p.keep.len() + p.reshape.len(), d + p.destroy.len(), c + p.create.len())
+        })
     }
 }
 

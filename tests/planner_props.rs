@@ -190,16 +190,22 @@ proptest! {
         let p = p.unwrap();
         let kept: Vec<&GiState> = current.iter().filter(|g| p.keep.iter().any(|k| k.gi_id == g.id)).collect();
         let mut got: Vec<(u32, u32)> = kept.iter().flat_map(|g| g.cis.iter().map(|c| (g.profile_id, c.profile_id))).collect();
-        for c in &p.create {
-            let gi = table.by_id(c.profile_id).unwrap();
+        // New GIs and reshaped ones (same GI, new CIs) alike: legal, disjoint CI placements.
+        let reshaped = p.reshape.iter().map(|r| {
+            let g = current.iter().find(|g| g.id == r.gi_id).unwrap();
+            (g.profile_id, &r.cis)
+        });
+        for (profile_id, cis) in p.create.iter().map(|c| (c.profile_id, &c.cis)).chain(reshaped) {
+            let gi = table.by_id(profile_id).unwrap();
             let mut used = 0u32;
-            for (ci, pl) in &c.cis {
+            for (ci, pl) in cis {
                 let cp = gi.ci(*ci).unwrap();
                 prop_assert!(cp.placements.contains(&pl.start) && pl.size == cp.slices && used & pl.mask() == 0);
                 used |= pl.mask();
-                got.push((c.profile_id, *ci));
+                got.push((profile_id, *ci));
             }
         }
+        prop_assert_eq!(kept.len() + p.reshape.len() + p.destroy.len(), current.len());
         prop_assert_eq!(DesiredDevices::from_keys(got), desired);
     }
 }

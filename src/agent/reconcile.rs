@@ -63,7 +63,7 @@ pub struct Edges<'a> {
 fn counts(jobs: &[crate::prepare::Job]) -> (usize, usize, usize) {
     jobs.iter()
         .filter_map(|j| j.plan.as_ref())
-        .fold((0, 0, 0), |(k, d, c), p| (k + p.keep.len(), d + p.destroy.len(), c + p.create.len()))
+        .fold((0, 0, 0), |(k, d, c), p| (k + p.keep.len() + p.reshape.len(), d + p.destroy.len(), c + p.create.len()))
 }
 
 /// The `pending` status announcing a planned change.

@@ -174,6 +174,16 @@ fn render(out: &mut String, job: &Job, report: &GpuReport, mps_changes: bool) {
         for k in &plan.keep {
             let _ = writeln!(out, "  keep     {}@{} (GPU instance {})", k.name, k.placement.start, k.gi_id);
         }
+        for r in &plan.reshape {
+            let _ = writeln!(
+                out,
+                "  reshape  {}@{} (GPU instance {}): compute instances [{}]",
+                r.name,
+                r.placement.start,
+                r.gi_id,
+                r.device_names.join(", ")
+            );
+        }
         for d in &plan.destroy {
             let busy = if d.busy { ", busy" } else { "" };
             let _ = writeln!(out, "  destroy  {}@{} (GPU instance {}{busy})", d.name, d.placement.start, d.gi_id);

@@ -2,7 +2,9 @@
 //! instances to destroy and create, with explicit placements. Pure; no I/O.
 //!
 //! Objective, in order: no busy instance destroyed; fewest GPU instances destroyed; fewest
-//! created; then the most usable free space ([`search::Quality`]). Every subset of the current
+//! created; fewest whose compute instances are redone (an idle GPU instance of a wanted profile
+//! with another CI split stays in place and only its CIs change); then the most usable free space
+//! ([`search::Quality`]). Every subset of the current
 //! instances is considered for keeping (a GPU has at most 7), and each candidate is completed by
 //! exact placement search, so a feasible layout is never rejected.
 
@@ -59,11 +61,31 @@ pub struct CreateGi {
     pub device_names: Vec<String>,
 }
 
+/// A GPU instance that stays where it is with a new compute-instance split: its CIs are
+/// destroyed and the new ones created inside it (e.g. `3g.40gb` ↔ three `1c.3g.40gb`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReshapeGi {
+    /// GI id.
+    pub gi_id: u32,
+    /// Profile name.
+    pub name: String,
+    /// Placement (unchanged).
+    pub placement: Placement,
+    /// Its current CI ids, destroyed first.
+    pub ci_ids: Vec<u32>,
+    /// The new CIs: (CI profile id, placement in compute slices).
+    pub cis: Vec<(u32, Placement)>,
+    /// MIG device names of the new CIs.
+    pub device_names: Vec<String>,
+}
+
 /// What to do on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Instances left as they are.
     pub keep: Vec<KeepGi>,
+    /// Instances kept with their compute instances redone.
+    pub reshape: Vec<ReshapeGi>,
     /// Instances to destroy.
     pub destroy: Vec<DestroyGi>,
     /// Instances to create.
@@ -75,7 +97,7 @@ pub struct Plan {
 impl Plan {
     /// True when nothing changes.
     pub fn is_noop(&self) -> bool {
-        self.destroy.is_empty() && self.create.is_empty()
+        self.destroy.is_empty() && self.create.is_empty() && self.reshape.is_empty()
     }
 }
 
@@ -141,11 +163,43 @@ struct Candidate {
     created: usize,
     kept: Vec<usize>,
     shapes: Vec<GiShape>,
+    /// (current GI index, shape index): idle GIs that take a new shape's CIs in place.
+    reshaped: Vec<(usize, usize)>,
+}
+
+/// Pairs idle, not-kept GIs with new shapes of their profile and a different CI split, so each
+/// stays in place and only its compute instances change.
+fn reshapes(current: &[GiState], kept: &[usize], shapes: &[GiShape]) -> Vec<(usize, usize)> {
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    for (k, s) in shapes.iter().enumerate() {
+        let mut want: Vec<u32> = s.cis.iter().map(|(id, _)| *id).collect();
+        want.sort_unstable();
+        let found = (0..current.len()).find(|&i| {
+            let g = &current[i];
+            let mut have: Vec<u32> = g.cis.iter().map(|c| c.profile_id).collect();
+            have.sort_unstable();
+            g.profile_id == s.profile_id
+                && !g.busy()
+                && have != want
+                && !kept.contains(&i)
+                && !pairs.iter().any(|(j, _)| *j == i)
+        });
+        if let Some(i) = found {
+            pairs.push((i, k));
+        }
+    }
+    pairs
 }
 
 impl Candidate {
-    fn cost(&self) -> (usize, usize, usize) {
-        (self.busy_destroyed, self.destroyed, self.created)
+    /// The shapes created as new GPU instances (not taken by a reshaped one).
+    fn new_shapes(&self) -> impl Iterator<Item = &GiShape> {
+        self.shapes.iter().enumerate().filter(|(k, _)| !self.reshaped.iter().any(|(_, r)| r == k)).map(|(_, s)| s)
+    }
+
+    /// Busy GIs destroyed, GIs destroyed, GIs created, then GIs whose CIs are redone.
+    fn cost(&self) -> (usize, usize, usize, usize) {
+        (self.busy_destroyed, self.destroyed, self.created, self.reshaped.len())
     }
 }
 
@@ -194,15 +248,37 @@ pub fn plan(
         };
         let shapes = pack(table, &rem).ok_or_else(unpackable)?;
         let busy_destroyed = (0..n).filter(|i| mask & (1 << i) == 0 && current[*i].busy()).count();
-        candidates.push(Candidate { busy_destroyed, destroyed: n - kept.len(), created: shapes.len(), kept, shapes });
+        let reshaped = reshapes(current, &kept, &shapes);
+        if !reshaped.is_empty() {
+            candidates.push(Candidate {
+                busy_destroyed,
+                destroyed: n - kept.len() - reshaped.len(),
+                created: shapes.len() - reshaped.len(),
+                kept: kept.clone(),
+                shapes: shapes.clone(),
+                reshaped,
+            });
+        }
+        candidates.push(Candidate {
+            busy_destroyed,
+            destroyed: n - kept.len(),
+            created: shapes.len(),
+            kept,
+            shapes,
+            reshaped: Vec::new(),
+        });
     }
     candidates.sort_by_key(|c| c.cost());
     let mut best: Option<(&Candidate, Vec<Placement>, Quality)> = None;
     for group in candidates.chunk_by(|a, b| a.cost() == b.cost()) {
         for cand in group {
-            let kept: Vec<(u32, Placement)> =
-                cand.kept.iter().map(|&i| (current[i].profile_id, current[i].placement)).collect();
-            let new: Vec<u32> = cand.shapes.iter().map(|s| s.profile_id).collect();
+            let kept: Vec<(u32, Placement)> = cand
+                .kept
+                .iter()
+                .chain(cand.reshaped.iter().map(|(i, _)| i))
+                .map(|&i| (current[i].profile_id, current[i].placement))
+                .collect();
+            let new: Vec<u32> = cand.new_shapes().map(|s| s.profile_id).collect();
             if let Ok((placements, quality)) = search(table, &kept, &new) {
                 if best.as_ref().is_none_or(|(_, _, q)| quality > *q) {
                     best = Some((cand, placements, quality));
@@ -241,8 +317,9 @@ fn build(
         .iter()
         .map(|&i| KeepGi { gi_id: current[i].id, name: name(current[i].profile_id), placement: current[i].placement })
         .collect();
+    let reshaped = |i: &usize| cand.reshaped.iter().any(|(j, _)| j == i);
     let destroy = (0..current.len())
-        .filter(|i| !cand.kept.contains(i))
+        .filter(|i| !cand.kept.contains(i) && !reshaped(i))
         .map(|i| {
             let g = &current[i];
             DestroyGi {
@@ -255,27 +332,38 @@ fn build(
             }
         })
         .collect();
-    let mut create: Vec<CreateGi> = cand
-        .shapes
+    let device_names = |s: &GiShape| -> Vec<String> {
+        let gi = table.by_id(s.profile_id);
+        s.cis.iter().map(|(ci, _)| gi.map_or_else(String::new, |g| g.device_name(*ci).to_string())).collect()
+    };
+    let reshape = cand
+        .reshaped
         .iter()
-        .zip(placements)
-        .map(|(s, p)| {
-            let gi = table.by_id(s.profile_id);
-            CreateGi {
-                profile_id: s.profile_id,
-                name: name(s.profile_id),
-                placement: *p,
-                cis: s.cis.clone(),
-                device_names: s
-                    .cis
-                    .iter()
-                    .map(|(ci, _)| gi.map_or_else(String::new, |g| g.device_name(*ci).to_string()))
-                    .collect(),
+        .map(|&(i, k)| {
+            let g = &current[i];
+            ReshapeGi {
+                gi_id: g.id,
+                name: name(g.profile_id),
+                placement: g.placement,
+                ci_ids: g.cis.iter().map(|c| c.id).collect(),
+                cis: cand.shapes[k].cis.clone(),
+                device_names: device_names(&cand.shapes[k]),
             }
         })
         .collect();
+    let mut create: Vec<CreateGi> = cand
+        .new_shapes()
+        .zip(placements)
+        .map(|(s, p)| CreateGi {
+            profile_id: s.profile_id,
+            name: name(s.profile_id),
+            placement: *p,
+            cis: s.cis.clone(),
+            device_names: device_names(s),
+        })
+        .collect();
     create.sort_by_key(|c| c.placement.start);
-    Plan { keep, destroy, create, quality }
+    Plan { keep, reshape, destroy, create, quality }
 }
 
 fn blocked(table: &ProfileTable, current: &[GiState], desired: &DesiredDevices, kept: &[usize]) -> PlanError {

@@ -142,13 +142,54 @@ fn free_space_stays_usable() {
 
 #[test]
 fn empty_instances_are_replaced_and_ci_layouts_count() {
+    // A GPU instance without compute instances keeps its slot and gets its CI.
     let mut g = mk_gpu("A100-SXM4-80GB").gi("3g.40gb", 0);
     g.gis[0].cis.clear();
     let p = g.plan(&[("3g.40gb", 1)], false).unwrap();
-    assert_eq!((p.destroy.len(), p.create.len()), (1, 1));
+    assert_eq!((p.destroy.len(), p.create.len(), p.reshape.len()), (0, 0, 1));
+    assert_eq!(p.reshape[0].device_names, vec!["3g.40gb"]);
     let g = mk_gpu("A100-SXM4-80GB").gi("3g.40gb", 4);
     let p = g.plan(&[("1c.3g.40gb", 3), ("3g.40gb", 1)], false).unwrap();
     assert_eq!(p.keep.len(), 1);
     assert_eq!(p.create.len(), 1);
     assert_eq!(p.create[0].device_names, vec!["1c.3g.40gb"; 3]);
+}
+
+#[test]
+fn a_new_compute_instance_split_keeps_the_gpu_instance() {
+    // 3g.40gb ×2 → one of them as three 1c.3g.40gb: only the CIs of one GI change.
+    let g = mk_gpu("A100-SXM4-80GB").gi("3g.40gb", 0).gi("3g.40gb", 4);
+    let p = g.plan(&[("1c.3g.40gb", 3), ("3g.40gb", 1)], false).unwrap();
+    assert_eq!((p.keep.len(), p.reshape.len(), p.destroy.len(), p.create.len()), (1, 1, 0, 0), "{p:?}");
+    let r = &p.reshape[0];
+    assert_eq!(r.ci_ids, vec![0]);
+    assert_eq!(r.device_names, vec!["1c.3g.40gb"; 3]);
+    let starts: Vec<u32> = r.cis.iter().map(|(_, pl)| pl.start).collect();
+    assert_eq!(starts, vec![0, 1, 2]);
+    // And back: a GI with three 1c CIs becomes one full 3g.40gb in place.
+    let mut g = mk_gpu("A100-SXM4-80GB").gi("3g.40gb", 4);
+    let one = g.table.resolve(&"1c.3g.40gb".parse().unwrap()).unwrap().1;
+    g.gis[0].cis = (0..3)
+        .map(|k| CiState {
+            id: k,
+            profile_id: one,
+            placement: Placement::new(k, 1),
+            uuid: format!("MIG-{k}"),
+            processes: Vec::new(),
+            pods: Vec::new(),
+        })
+        .collect();
+    let p = g.plan(&[("3g.40gb", 1)], false).unwrap();
+    assert_eq!((p.reshape.len(), p.destroy.len(), p.create.len()), (1, 0, 0));
+    assert_eq!(p.reshape[0].ci_ids, vec![0, 1, 2]);
+    assert_eq!(p.reshape[0].placement.start, 4);
+}
+
+#[test]
+fn a_busy_gpu_instance_is_never_reshaped() {
+    let g = mk_gpu("A100-SXM4-80GB").gi("3g.40gb", 0).busy(7);
+    assert!(matches!(g.plan(&[("1c.3g.40gb", 3)], false), Err(PlanError::Blocked { .. })));
+    let p = g.plan(&[("1c.3g.40gb", 3)], true).unwrap();
+    assert!(p.reshape.is_empty());
+    assert_eq!((p.destroy.len(), p.create.len()), (1, 1));
 }
