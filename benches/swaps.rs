@@ -13,26 +13,12 @@ use gpupart::frag::Workload;
 use gpupart::layout::DesiredDevices;
 use gpupart::mig::catalog;
 use gpupart::mig::{Placement, ProfileTable};
-use gpupart::observed::{CiState, GiState};
+use gpupart::observed::GiState;
 use gpupart::plan::plan;
 use std::time::Instant;
 
 fn gi(table: &ProfileTable, id: u32, profile_id: u32, placement: Placement) -> GiState {
-    let ci = table.by_id(profile_id).and_then(|p| p.full_ci()).expect("full CI");
-    GiState {
-        id,
-        profile_id,
-        placement,
-        cis: vec![CiState {
-            id: 0,
-            profile_id: ci.id,
-            placement: Placement::new(0, ci.slices),
-            uuid: format!("MIG-{id}"),
-            processes: Vec::new(),
-            pods: Vec::new(),
-        }],
-        processes: Vec::new(),
-    }
+    GiState::with_full_ci(table, id, profile_id, placement).expect("a catalog profile")
 }
 
 fn desired(table: &ProfileTable, ids: &[u32]) -> DesiredDevices {

@@ -108,6 +108,27 @@ pub struct GiState {
 }
 
 impl GiState {
+    /// An idle GPU instance of `profile_id` at `placement` holding its one full-size compute
+    /// instance (CI id 0, UUID `MIG-<id>`), as fixtures and benches build them; `None` for a
+    /// profile the table lacks.
+    pub fn with_full_ci(table: &ProfileTable, id: u32, profile_id: u32, placement: Placement) -> Option<Self> {
+        let ci = table.by_id(profile_id)?.full_ci()?;
+        Some(GiState {
+            id,
+            profile_id,
+            placement,
+            cis: vec![CiState {
+                id: 0,
+                profile_id: ci.id,
+                placement: Placement::new(0, ci.slices),
+                uuid: format!("MIG-{id}"),
+                processes: Vec::new(),
+                pods: Vec::new(),
+            }],
+            processes: Vec::new(),
+        })
+    }
+
     /// Whether any process uses this GI or its CIs, or the kubelet allocated one of its MIG
     /// devices to a container.
     pub fn busy(&self) -> bool {

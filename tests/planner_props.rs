@@ -6,7 +6,7 @@
 use gpupart::layout::DesiredDevices;
 use gpupart::mig::capacity::Occupancy;
 use gpupart::mig::{catalog, Placement, ProfileTable};
-use gpupart::observed::{CiState, GiState, Process};
+use gpupart::observed::{GiState, Process};
 use gpupart::plan::{plan, PlanError};
 use proptest::prelude::*;
 
@@ -30,26 +30,11 @@ fn build(table: &ProfileTable, picks: &[(usize, usize)]) -> Vec<(u32, Placement)
 }
 
 fn gi_state(table: &ProfileTable, id: u32, profile_id: u32, placement: Placement, busy: bool) -> GiState {
-    let p = table.by_id(profile_id).unwrap();
-    let ci = p.full_ci().unwrap();
-    GiState {
-        id,
-        profile_id,
-        placement,
-        cis: vec![CiState {
-            id: 0,
-            profile_id: ci.id,
-            placement: Placement::new(0, ci.slices),
-            uuid: format!("MIG-{id}"),
-            processes: if busy {
-                vec![Process { pid: 1000 + id, name: "p".into(), used_memory_mib: 1 }]
-            } else {
-                vec![]
-            },
-            pods: Vec::new(),
-        }],
-        processes: vec![],
+    let mut g = GiState::with_full_ci(table, id, profile_id, placement).unwrap();
+    if busy {
+        g.cis[0].processes.push(Process { pid: 1000 + id, name: "p".into(), used_memory_mib: 1 });
     }
+    g
 }
 
 /// Every arrangement of the GI multiset `want` (profile ids) on an empty GPU.
