@@ -137,10 +137,13 @@ pub struct PlanArgs {
     /// Start from today's layouts: a mapping from node name to its `gpupart status -o json`.
     #[arg(long, value_name = "FILE", conflicts_with = "from_cluster")]
     pub current: Option<PathBuf>,
-    /// Start from today's layouts as the agents publish them (`gpupart.io/gpus` on every Node;
+    /// Start from today's layouts as the agents publish them (`<prefix>gpus` on every Node;
     /// the default kubeconfig or the in-cluster account).
     #[arg(long)]
     pub from_cluster: bool,
+    /// The agents' `--annotation-prefix` (for `--from-cluster`).
+    #[arg(long, default_value = "gpupart.io/")]
+    pub annotation_prefix: String,
 }
 
 /// `frag` options.
@@ -152,10 +155,13 @@ pub struct FragArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
     pub output: StatusFormat,
-    /// The whole cluster instead of this node: every Node's `gpupart.io/fragmentation`, per node
+    /// The whole cluster instead of this node: every Node's `<prefix>fragmentation`, per node
     /// and in total (the default kubeconfig or the in-cluster account).
     #[arg(long, conflicts_with = "config_file")]
     pub cluster: bool,
+    /// The agents' `--annotation-prefix` (for `--cluster`).
+    #[arg(long, default_value = "gpupart.io/")]
+    pub annotation_prefix: String,
 }
 
 /// Checks `--mps-shm-size` (`0`, `auto`, `512M`, `8G`).

@@ -198,6 +198,11 @@ fn current_layouts_and_fragmentation_from_the_cluster() {
     let out =
         gpupart(&["plan", "-f", demand.to_str().unwrap(), "--from-cluster", "-o", "json"], &[("KUBECONFIG", kc)]).ok();
     check_busy_plan(&serde_json::from_str(&out.stdout).unwrap());
+    // Agents with another prefix publish elsewhere: read there, today is empty.
+    let args =
+        ["plan", "-f", demand.to_str().unwrap(), "--from-cluster", "--annotation-prefix", "other.io/", "-o", "json"];
+    let doc: serde_json::Value = serde_json::from_str(&gpupart(&args, &[("KUBECONFIG", kc)]).ok().stdout).unwrap();
+    assert_eq!(doc["summary"]["moves"]["kept"], 0, "{doc}");
     let out = gpupart(&["frag", "--cluster", "-o", "json"], &[("KUBECONFIG", kc)]).ok();
     let c: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(c["nodes"].as_array().unwrap().len(), 2, "{c}");

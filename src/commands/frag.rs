@@ -108,7 +108,7 @@ fn cluster_table(c: &crate::frag::cluster::ClusterFrag) -> String {
 /// Runs `frag`.
 pub fn run(g: &GlobalArgs, a: &FragArgs) -> anyhow::Result<ExitCode> {
     if a.cluster {
-        let nodes = crate::kube::cluster::read_node_annotations(crate::kube::keys::FRAGMENTATION_ANNOTATION)?;
+        let nodes = crate::kube::cluster::read_node_annotations(&format!("{}fragmentation", a.annotation_prefix))?;
         let c = crate::frag::cluster::cluster(&nodes)?;
         match a.output {
             StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&c)?),

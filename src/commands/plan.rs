@@ -13,9 +13,9 @@ fn today(a: &PlanArgs, input: &fleet::input::Input) -> anyhow::Result<Current> {
         let (text, name) = read_input(path, "current layouts file")?;
         current::parse_status_file(&text).with_context(|| format!("invalid current layouts file {name}"))?
     } else if a.from_cluster {
-        let key = crate::kube::keys::GPUS_ANNOTATION;
+        let key = format!("{}gpus", a.annotation_prefix);
         let mut today = Current::new();
-        for (node, value) in crate::kube::cluster::read_node_annotations(key)? {
+        for (node, value) in crate::kube::cluster::read_node_annotations(&key)? {
             match value {
                 Some(v) => {
                     today.insert(node.clone(), current::from_annotation(&node, &v)?);

@@ -354,7 +354,7 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
     let mut nodes = Vec::new();
     let mut placements = Vec::new();
     let mut pools: BTreeMap<String, PoolDoc> = BTreeMap::new();
-    let mut replicas_seen: BTreeMap<(Pool, usize, u32), ()> = BTreeMap::new();
+    let mut replicas_seen: std::collections::BTreeSet<(Pool, usize, u32)> = Default::default();
     for (pn, spec) in plan.nodes.iter().zip(&specs) {
         let node = &input.nodes[pn.node];
         let pool = pool_of(pn).to_string();
@@ -398,7 +398,7 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
                     GpuUse::Idle | GpuUse::Busy { .. } => Vec::new(),
                 };
                 for (di, r) in reps {
-                    if replicas_seen.insert((p, di, r), ()).is_none() {
+                    if replicas_seen.insert((p, di, r)) {
                         entry.replicas += 1;
                     }
                 }

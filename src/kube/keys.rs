@@ -15,7 +15,3 @@ pub const FORCE: &str = "gpupart.io/force-reconfigure";
 pub const FIELD_MANAGER: &str = "gpupart";
 /// Annotation listing the GPU-client labels this agent paused (so a restarted agent restores them).
 pub const PAUSED_CLIENTS: &str = "gpupart.io/paused-clients";
-/// The agents' per-GPU summary annotation (with the default `--annotation-prefix`).
-pub const GPUS_ANNOTATION: &str = "gpupart.io/gpus";
-/// The agents' node fragmentation annotation (with the default `--annotation-prefix`).
-pub const FRAGMENTATION_ANNOTATION: &str = "gpupart.io/fragmentation";
