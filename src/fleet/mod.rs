@@ -26,6 +26,9 @@ use std::collections::BTreeMap;
 /// A replica: (demand index, replica number).
 pub type Replica = (usize, u32);
 
+/// GPU instances of one GPU: (profile id, placement).
+pub type Instances = Vec<(u32, Placement)>;
+
 /// What one GPU of a plan holds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GpuUse {
@@ -190,6 +193,8 @@ struct Builder<'a> {
     today: &'a current::Current,
     /// GPUs that stay as they are (busy today, or kept whole): node → GPU index → use.
     fixed: BTreeMap<usize, BTreeMap<usize, GpuUse>>,
+    /// Today's idle MIG GPUs with instances, resolved once: (node, GPU index, instances).
+    today_idle: Vec<(usize, u32, Instances)>,
     /// Replicas still wanting a MIG instance: (model id, profile id) → replicas in demand order.
     queues: BTreeMap<(&'static str, u32), std::collections::VecDeque<Replica>>,
     choices: &'a [Choice],
@@ -223,6 +228,7 @@ impl<'a> Builder<'a> {
             input,
             today,
             fixed: BTreeMap::new(),
+            today_idle: Vec::new(),
             queues,
             choices,
             workload: demand_workload(input, choices),
@@ -525,6 +531,9 @@ impl Builder<'_> {
                     instances.push((p.id, Placement::new(i.start, p.memory_slices)));
                 }
                 if !g.any_busy() {
+                    if g.mig && !instances.is_empty() {
+                        self.today_idle.push((ni, g.index, instances));
+                    }
                     continue;
                 }
                 let usage = if g.mig {
@@ -559,61 +568,41 @@ impl Builder<'_> {
                 }
             }
         }
-        for (ni, n) in self.input.nodes.iter().enumerate() {
-            if self.dedicated.contains_key(&ni) {
+        // Idle GPUs whose every instance is wanted stay whole first; then every other idle GPU
+        // keeps the instances a replica still wants (the rest go): each kept instance saves a
+        // destroy and a create, so keeping as many as the demand wants is the fewest moves.
+        self.keep_wanted(true);
+        self.keep_wanted(false);
+    }
+
+    /// Keeps today's idle instances that replicas still want; with `whole_only`, only on GPUs
+    /// where every instance is wanted.
+    fn keep_wanted(&mut self, whole_only: bool) {
+        let idle = std::mem::take(&mut self.today_idle);
+        for (ni, gpu, instances) in &idle {
+            let model = self.input.nodes[*ni].model.id;
+            let fixed = self.fixed.get(ni).is_some_and(|f| f.contains_key(&(*gpu as usize)));
+            if self.dedicated.contains_key(ni) || fixed {
                 continue;
             }
-            let Some(gpus) = self.today.get(&n.name) else { continue };
-            let table = n.model.profile_table();
-            for g in gpus.iter().filter(|g| g.mig && !g.any_busy() && !g.instances.is_empty()) {
-                let ids: Vec<u32> = g
-                    .instances
-                    .iter()
-                    .filter_map(|i| table.profiles.iter().find(|p| p.name == i.profile).map(|p| p.id))
-                    .collect();
-                let wanted = |id: u32| ids.iter().filter(|x| **x == id).count();
-                let all_wanted =
-                    ids.iter().all(|id| self.queues.get(&(n.model.id, *id)).is_some_and(|q| q.len() >= wanted(*id)));
-                if ids.len() != g.instances.len() || !all_wanted {
-                    continue;
-                }
-                let instances: Vec<(u32, Placement)> = g
-                    .instances
-                    .iter()
-                    .zip(&ids)
-                    .filter_map(|(i, id)| table.by_id(*id).map(|p| (*id, Placement::new(i.start, p.memory_slices))))
-                    .collect();
-                let replicas =
-                    ids.iter().map(|id| self.queues.get_mut(&(n.model.id, *id)).and_then(|q| q.pop_front())).collect();
-                self.fix(ni, g.index as usize, GpuUse::Mig { instances, replicas });
-            }
-        }
-        // Then every other idle GPU keeps the instances a replica still wants (the rest go):
-        // each kept instance saves a destroy and a create, so keeping as many as the demand
-        // wants is the fewest moves.
-        for (ni, n) in self.input.nodes.iter().enumerate() {
-            if self.dedicated.contains_key(&ni) {
+            let wanted = |id: u32| instances.iter().filter(|(x, _)| *x == id).count();
+            let all_wanted =
+                instances.iter().all(|(id, _)| self.queues.get(&(model, *id)).is_some_and(|q| q.len() >= wanted(*id)));
+            if whole_only && !all_wanted {
                 continue;
             }
-            let Some(gpus) = self.today.get(&n.name) else { continue };
-            let table = n.model.profile_table();
-            for g in gpus.iter().filter(|g| g.mig && !g.any_busy()) {
-                if self.fixed.get(&ni).is_some_and(|f| f.contains_key(&(g.index as usize))) {
-                    continue;
-                }
-                let (mut instances, mut replicas) = (Vec::new(), Vec::new());
-                for i in &g.instances {
-                    let Some(p) = table.profiles.iter().find(|p| p.name == i.profile) else { continue };
-                    if let Some(r) = self.queues.get_mut(&(n.model.id, p.id)).and_then(|q| q.pop_front()) {
-                        instances.push((p.id, Placement::new(i.start, p.memory_slices)));
-                        replicas.push(Some(r));
-                    }
-                }
-                if !instances.is_empty() {
-                    self.fix(ni, g.index as usize, GpuUse::Mig { instances, replicas });
+            let (mut kept, mut replicas) = (Vec::new(), Vec::new());
+            for &(id, pl) in instances {
+                if let Some(r) = self.queues.get_mut(&(model, id)).and_then(|q| q.pop_front()) {
+                    kept.push((id, pl));
+                    replicas.push(Some(r));
                 }
             }
+            if !kept.is_empty() {
+                self.fix(*ni, *gpu as usize, GpuUse::Mig { instances: kept, replicas });
+            }
         }
+        self.today_idle = idle;
     }
 
     /// Fills the free space of the GPUs kept from today (busy or not) with instances still

@@ -80,6 +80,8 @@ fn exact(configs: &Configs, d: &[u32]) -> Option<Vec<usize>> {
             Some(here)
         })
         .collect();
+    // A demand vector's mixed-radix key.
+    let encode = |counts: &[u32]| -> u64 { counts.iter().zip(&weights).map(|(&n, &w)| u64::from(n) * w).sum() };
     for key in 1..total {
         // Decode key into v.
         let mut rest = key as u64;
@@ -93,7 +95,7 @@ fn exact(configs: &Configs, d: &[u32]) -> Option<Vec<usize>> {
             if c.counts[first] == 0 || !fits(c, &v) {
                 continue;
             }
-            let sub: u64 = c.counts.iter().zip(&weights).map(|(&n, &w)| u64::from(n) * w).sum();
+            let sub = encode(&c.counts);
             let prev = best[key - sub as usize];
             if prev.0 == u32::MAX {
                 continue;
@@ -105,13 +107,13 @@ fn exact(configs: &Configs, d: &[u32]) -> Option<Vec<usize>> {
         }
         best[key] = here;
     }
-    let mut key: u64 = d.iter().zip(&weights).map(|(&n, &w)| u64::from(n) * w).sum();
+    let mut key = encode(d);
     let mut out = Vec::new();
     while key > 0 {
         let (_, _, ci) = best[key as usize];
         let c = configs.all.get(ci as usize)?;
         out.push(ci as usize);
-        key -= c.counts.iter().zip(&weights).map(|(&n, &w)| u64::from(n) * w).sum::<u64>();
+        key -= encode(&c.counts);
     }
     Some(out)
 }
