@@ -111,10 +111,16 @@ impl Supervisor {
         let mut out = Vec::new();
         for w in self.watched.values_mut() {
             let paths = mps.paths(&w.watch.uuid);
-            let st = daemon::check(mps.control.as_ref(), &paths, w.watch.limits);
+            let mut st = daemon::check(mps.control.as_ref(), &paths, w.watch.limits);
             // A daemon whose limits are not what was configured (a restart that failed half-way)
             // is restarted too: its clients would run without their limits.
             let wrong = if st.up { daemon::difference(&st, &w.watch.settings) } else { None };
+            // A daemon that dies while it is read answers oddly: call that what it is.
+            if wrong.is_some() {
+                st.pid = st.pid.filter(|p| crate::mps::process::alive(*p));
+                st.up &= st.pid.is_some();
+            }
+            let wrong = wrong.filter(|_| st.up);
             let healthy = st.up && wrong.is_none();
             let why = match (&st.pid, st.up, wrong) {
                 (_, true, None) => String::new(),

@@ -137,7 +137,8 @@ pub fn run() -> ExitCode {
             log("Exiting");
             let _ = std::fs::remove_file(pipe.join(PID_FILE));
             let _ = std::fs::remove_file(&socket);
-            drop(stream);
+            let mut stream = stream;
+            let _ = stream.write_all(reply::END.as_bytes());
             return ExitCode::SUCCESS;
         }
         st.clients = clients();
@@ -149,6 +150,6 @@ pub fn run() -> ExitCode {
             }
         };
         let mut stream = stream;
-        let _ = stream.write_all(text.as_bytes());
+        let _ = stream.write_all(format!("{text}{}", reply::END).as_bytes());
     }
 }

@@ -62,6 +62,13 @@ fn client() -> ExitCode {
     }
     let mut reply = String::new();
     let _ = stream.read_to_string(&mut reply);
+    // The real client fails when the daemon goes away mid-command; so does this one.
+    let Some(reply) = reply.strip_suffix(reply::END) else {
+        eprintln!(
+            "fake-nvidia-cuda-mps-control: the MPS control daemon closed the connection before answering '{command}'"
+        );
+        return ExitCode::FAILURE;
+    };
     match reply.strip_prefix(reply::REFUSED) {
         Some(why) => {
             eprint!("{why}");

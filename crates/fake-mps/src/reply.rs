@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 
 /// Prefix of a refusal on the socket; the client prints the rest to stderr and fails.
 pub const REFUSED: &str = "ERR ";
+/// Ends every reply on the socket, so a client tells a complete (maybe empty) answer from a
+/// daemon that died before answering.
+pub const END: &str = "\u{4}";
 
 /// What a daemon holds.
 pub struct State {

@@ -91,3 +91,26 @@ fn behaves_like_the_control_program() {
     assert!(!d.join("pipe/nvidia-cuda-mps-control.pid").exists());
     assert!(!ctl(d, Some("get_server_list"), &[]).status.success());
 }
+
+#[test]
+fn a_daemon_that_dies_mid_command_fails_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    assert!(ctl(d, None, &["-d"]).status.success());
+    let pid = std::fs::read_to_string(d.join("pipe/nvidia-cuda-mps-control.pid")).unwrap().trim().to_string();
+    std::fs::write(d.join("pipe/fake-hang"), "").unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fake-nvidia-cuda-mps-control"))
+        .env("CUDA_MPS_PIPE_DIRECTORY", d.join("pipe"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"get_default_device_pinned_mem_limit 0\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    let out = c.wait_with_output().unwrap();
+    assert!(!out.status.success(), "an answer that never came is not an empty answer");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("closed the connection"), "{out:?}");
+}
