@@ -15,6 +15,7 @@ use gpupart::mig::catalog;
 use gpupart::mig::{Placement, ProfileTable};
 use gpupart::observed::GiState;
 use gpupart::plan::plan;
+use gpupart::plan::search::arrangements;
 use std::time::Instant;
 
 fn gi(table: &ProfileTable, id: u32, profile_id: u32, placement: Placement) -> GiState {
@@ -28,37 +29,6 @@ fn desired(table: &ProfileTable, ids: &[u32]) -> DesiredDevices {
 fn ops(table: &ProfileTable, current: &[GiState], want: &[u32]) -> usize {
     let p = plan(table, current, &desired(table, want), false).expect("feasible");
     p.destroy.len() + p.create.len()
-}
-
-/// Every legal arrangement of the GPU instances `ids` (identical profiles in increasing order).
-fn arrangements(table: &ProfileTable, ids: &[u32]) -> Vec<Vec<(u32, Placement)>> {
-    fn go(
-        t: &ProfileTable,
-        ids: &[u32],
-        k: usize,
-        occ: &gpupart::mig::capacity::Occupancy,
-        cur: &mut Vec<(u32, Placement)>,
-        out: &mut Vec<Vec<(u32, Placement)>>,
-    ) {
-        if k == ids.len() {
-            out.push(cur.clone());
-            return;
-        }
-        let Some(p) = t.by_id(ids[k]) else { return };
-        let min = if k > 0 && ids[k - 1] == ids[k] { cur[k - 1].1.start + 1 } else { 0 };
-        for pl in p.placements.iter().copied().filter(|pl| pl.start >= min) {
-            if occ.check(t, p, pl).is_ok() {
-                let mut next = occ.clone();
-                next.add(p, pl);
-                cur.push((ids[k], pl));
-                go(t, ids, k + 1, &next, cur, out);
-                cur.pop();
-            }
-        }
-    }
-    let mut out = Vec::new();
-    go(table, ids, 0, &gpupart::mig::capacity::Occupancy::empty(), &mut Vec::new(), &mut out);
-    out
 }
 
 fn main() {
@@ -110,8 +80,27 @@ fn main() {
         knowing += (0..targets.len()).map(|j| table_ops.iter().map(|row| row[j]).min().unwrap_or(0)).sum::<usize>();
     }
     let elapsed = started.elapsed();
+    // Planning time per GPU: every start (as gpupart creates it) to every feasible layout.
+    let mut times: Vec<f64> = Vec::new();
+    for start in &layouts {
+        let p = plan(&table, &[], &desired(&table, &expand(&start.counts)), false).expect("feasible");
+        let current: Vec<GiState> =
+            p.create.iter().enumerate().map(|(k, c)| gi(&table, k as u32 + 1, c.profile_id, c.placement)).collect();
+        for target in &layouts {
+            let want = desired(&table, &expand(&target.counts));
+            let t = Instant::now();
+            let _ = plan(&table, &current, &want, false);
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
     println!("\n## One-instance swaps on A100-SXM4-80GB ({} feasible layouts)\n", layouts.len());
     println!("| pairs | full rebuild | gpupart | best fixed arrangement | knowing the target | bench time |");
     println!("|---|---|---|---|---|---|");
     println!("| {pairs} | {rebuild} | {gpupart_ops} | {fixed_best} | {knowing} | {:.1} s |", elapsed.as_secs_f64());
+    println!("\n## Planning time per GPU, every ordered pair of the {} layouts\n", layouts.len());
+    println!("| plans | median | p99 | max |");
+    println!("|---|---|---|---|");
+    println!("| {} | {:.0} µs | {:.0} µs | {:.0} µs |", times.len(), at(0.5), at(0.99), at(1.0));
 }

@@ -5,7 +5,7 @@
 use crate::config::{select, GpuIdent, MigConfig, Selection};
 use crate::layout::DesiredDevices;
 use crate::observed::GpuState;
-use crate::plan::{plan, Plan, PlanError};
+use crate::plan::{plan_for_mix, Plan, PlanError};
 use std::fmt;
 
 /// What a config asks of one GPU.
@@ -117,6 +117,11 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
     }
 }
 
+/// The config's workload mix as this GPU's GPU-instance profile ids (names it lacks drop out).
+fn mix(table: &crate::mig::ProfileTable, config: &MigConfig) -> Vec<(u32, f64)> {
+    config.workload.iter().filter_map(|(name, w)| table.resolve(name).ok().map(|(gi, _)| (gi.id, *w))).collect()
+}
+
 /// Plans every GPU. `mode_only` changes MIG modes but leaves instances of enabled GPUs alone.
 pub fn prepare(
     states: Vec<GpuState>,
@@ -154,14 +159,16 @@ pub fn prepare(
         }
         let plan = match desired {
             None => None,
-            Some(d) => match plan(&state.profiles, &state.instances, &d, force) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    all_blocked &= matches!(e, PlanError::Blocked { .. });
-                    problems.push(format!("GPU {} ({}): {e}", state.info.index, state.info.model));
-                    None
+            Some(d) => {
+                match plan_for_mix(&state.profiles, &state.instances, &d, force, &mix(&state.profiles, config)) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        all_blocked &= matches!(e, PlanError::Blocked { .. });
+                        problems.push(format!("GPU {} ({}): {e}", state.info.index, state.info.model));
+                        None
+                    }
                 }
-            },
+            }
         };
         jobs.push(Job { state, target, mode_change, plan });
     }

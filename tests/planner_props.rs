@@ -55,7 +55,7 @@ fn arrangements(table: &ProfileTable, want: &[u32]) -> Vec<Vec<(u32, Placement)>
         let min = if i > 0 && want[i - 1] == want[i] { cur[i - 1].1.start + 1 } else { 0 };
         for &pl in p.placements.iter().filter(|pl| pl.start >= min) {
             if occ.check(t, p, pl).is_ok() {
-                let mut o = occ.clone();
+                let mut o = *occ;
                 o.add(p, pl);
                 cur.push((p.id, pl));
                 go(t, want, i + 1, &o, cur, out);

@@ -17,17 +17,21 @@ pub struct ConfigFile {
     /// `mig-configs`, in file order.
     pub configs: Vec<MigConfig>,
     /// gpupart extension `gpupart.workload`: the target workload mix for fragmentation figures
-    /// (profile name → weight). mig-parted rejects files that carry the `gpupart` block.
+    /// and for placing new instances for the next change (profile name → weight). mig-parted
+    /// rejects files that carry the `gpupart` block.
     pub workload: Vec<(ProfileName, f64)>,
 }
 
 /// One named config: a list of device specs applied in order (the last matching spec wins).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MigConfig {
     /// The config name (`all-balanced`).
     pub name: String,
     /// Its entries.
     pub specs: Vec<DeviceSpec>,
+    /// The file's workload mix (see [`ConfigFile::workload`]): the planner places new instances
+    /// for the next change under it.
+    pub workload: Vec<(ProfileName, f64)>,
 }
 
 /// One entry of a config.

@@ -59,7 +59,9 @@ pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
     };
     let mut out = Vec::new();
     for (name, specs) in configs {
-        out.push(parse_config(name, specs)?);
+        let mut config = parse_config(name, specs)?;
+        config.workload = workload.clone();
+        out.push(config);
     }
     Ok(ConfigFile { configs: out, workload })
 }
@@ -109,7 +111,7 @@ fn parse_config(name: &str, specs: &Value) -> Result<MigConfig, ConfigError> {
         .enumerate()
         .map(|(entry, v)| parse_spec(At { config: name, entry }, v))
         .collect::<Result<_, _>>()?;
-    Ok(MigConfig { name: name.to_string(), specs })
+    Ok(MigConfig { name: name.to_string(), specs, workload: Vec::new() })
 }
 
 fn parse_spec(at: At<'_>, v: &Value) -> Result<DeviceSpec, ConfigError> {

@@ -148,7 +148,7 @@ impl Gpus<'_> {
         let Some(table) = self.tables.get(model).cloned() else { return false };
         let Some(profile) = table.by_id(profile_id).cloned() else { return false };
         self.scan((1, u64::from(profile_id), model), |s, pos| {
-            let occ = s.occ[pos].clone();
+            let occ = s.occ[pos];
             let (m, u) = s.slot(pos);
             if m.id != model || !matches!(u, GpuUse::Idle | GpuUse::Mig { .. }) {
                 return false;

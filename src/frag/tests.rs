@@ -94,7 +94,7 @@ fn brute_creatable(t: &ProfileTable, occ: &Occupancy, pid: u32) -> u32 {
         .iter()
         .filter(|pl| occ.check(t, p, **pl).is_ok())
         .map(|pl| {
-            let mut o = occ.clone();
+            let mut o = *occ;
             o.add(p, *pl);
             1 + brute_creatable(t, &o, pid)
         })

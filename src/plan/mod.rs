@@ -3,19 +3,24 @@
 //!
 //! Objective, in order: no busy instance destroyed; fewest GPU instances destroyed; fewest
 //! created; fewest whose compute instances are redone (an idle GPU instance of a wanted profile
-//! with another CI split stays in place and only its CIs change); then the most usable free space
+//! with another CI split stays in place and only its CIs change); then the fewest expected
+//! operations of the next one-instance swap ([`next`]); then the most usable free space
 //! ([`search::Quality`]). Every subset of the current
 //! instances is considered for keeping (a GPU has at most 7), and each candidate is completed by
 //! exact placement search, so a feasible layout is never rejected.
 
+pub mod next;
 pub mod pack;
 pub mod search;
 
 use crate::layout::{DesiredDevices, DeviceKey};
 use crate::mig::{Placement, ProfileTable};
 use crate::observed::{GiState, Process};
+use next::NextSwaps;
 use pack::{pack, GiShape};
-use search::{at, search, Quality};
+use search::{at, search, search_ranked, Quality};
+use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::fmt;
 
 /// A GPU instance the plan keeps.
@@ -223,12 +228,24 @@ fn unpackable() -> PlanError {
 }
 
 /// Plans one GPU: `current` instances vs. `desired` devices. With `force`, busy instances may be
-/// destroyed when no plan can keep them.
+/// destroyed when no plan can keep them. Ties are broken for uniform next swaps.
 pub fn plan(
     table: &ProfileTable,
     current: &[GiState],
     desired: &DesiredDevices,
     force: bool,
+) -> Result<Plan, PlanError> {
+    plan_for_mix(table, current, desired, force, &[])
+}
+
+/// [`plan`], breaking ties for the next swap under a workload mix (GPU-instance profile id,
+/// weight); an empty mix weighs every swap alike.
+pub fn plan_for_mix(
+    table: &ProfileTable,
+    current: &[GiState],
+    desired: &DesiredDevices,
+    force: bool,
+    mix: &[(u32, f64)],
 ) -> Result<Plan, PlanError> {
     let n = current.len();
     if n > 16 {
@@ -269,7 +286,8 @@ pub fn plan(
         });
     }
     candidates.sort_by_key(|c| c.cost());
-    let mut best: Option<(&Candidate, Vec<Placement>, Quality)> = None;
+    let mut next = NextChange { table, mix, swaps: HashMap::new(), ops: HashMap::new(), best: u64::MAX };
+    let mut best: Option<(&Candidate, Vec<Placement>, Rank)> = None;
     for group in candidates.chunk_by(|a, b| a.cost() == b.cost()) {
         for cand in group {
             let kept: Vec<(u32, Placement)> = cand
@@ -279,9 +297,12 @@ pub fn plan(
                 .map(|&i| (current[i].profile_id, current[i].placement))
                 .collect();
             let new: Vec<u32> = cand.new_shapes().map(|s| s.profile_id).collect();
-            if let Ok((placements, quality)) = search(table, &kept, &new) {
-                if best.as_ref().is_none_or(|(_, _, q)| quality > *q) {
-                    best = Some((cand, placements, quality));
+            let ranked = search_ranked(table, &kept, &new, |occ, placed| {
+                (Reverse(next.weighted_ops(placed)), Quality::of(table, occ))
+            });
+            if let Ok((placements, rank)) = ranked {
+                if best.as_ref().is_none_or(|(_, _, r)| rank > *r) {
+                    best = Some((cand, placements, rank));
                 }
             }
         }
@@ -289,7 +310,7 @@ pub fn plan(
             break;
         }
     }
-    let Some((cand, placements, quality)) = best else {
+    let Some((cand, placements, (_, quality))) = best else {
         let shapes = pack(table, &desired.counts).ok_or_else(unpackable)?;
         let new: Vec<u32> = shapes.iter().map(|s| s.profile_id).collect();
         let reason = match search(table, &[], &new) {
@@ -302,6 +323,41 @@ pub fn plan(
         return Err(blocked(table, current, desired, &cand.kept));
     }
     Ok(build(table, current, cand, &placements, quality))
+}
+
+/// How a finished arrangement ranks among plans of equal cost; larger is better.
+type Rank = (Reverse<u64>, Quality);
+
+/// The next-swap figures of the arrangements one plan call ranks, each computed once.
+struct NextChange<'a> {
+    table: &'a ProfileTable,
+    mix: &'a [(u32, f64)],
+    /// Swaps per layout (sorted profile ids).
+    swaps: HashMap<Vec<u32>, NextSwaps>,
+    /// Weighted next-swap operations per arrangement (sorted), where computed in full.
+    ops: HashMap<Vec<(u32, Placement)>, u64>,
+    /// The fewest seen so far: an arrangement sure to need more is not computed in full.
+    best: u64,
+}
+
+impl NextChange<'_> {
+    fn weighted_ops(&mut self, placed: &[(u32, Placement)]) -> u64 {
+        let mut key = placed.to_vec();
+        key.sort_by_key(|(id, p)| (*id, p.start));
+        if let Some(&v) = self.ops.get(&key) {
+            return v;
+        }
+        let layout: Vec<u32> = key.iter().map(|(id, _)| *id).collect();
+        let (table, mix) = (self.table, self.mix);
+        let swaps = self.swaps.entry(layout.clone()).or_insert_with(|| NextSwaps::of(table, &layout, mix));
+        // Sure to lose: ranked below every arrangement computed in full.
+        let Some(v) = swaps.weighted_ops_milli_within(table, &key, self.best) else {
+            return u64::MAX;
+        };
+        self.best = self.best.min(v);
+        self.ops.insert(key, v);
+        v
+    }
 }
 
 fn build(

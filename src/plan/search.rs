@@ -68,20 +68,37 @@ fn precheck(table: &ProfileTable, all: &[u32]) -> Result<(), Infeasible> {
     Ok(())
 }
 
-struct Dfs<'a> {
+struct Dfs<'a, K, F> {
     table: &'a ProfileTable,
+    kept: &'a [(u32, Placement)],
     order: Vec<(usize, u32)>,
     chosen: Vec<Placement>,
-    best: Option<(Quality, Vec<Placement>)>,
+    rank: F,
+    /// Stop at the first legal arrangement (feasibility only).
+    first: bool,
+    best: Option<(K, Vec<Placement>)>,
     deepest: Option<(usize, u32, Vec<Placement>)>,
 }
 
-impl Dfs<'_> {
+impl<K: Ord, F: FnMut(&Occupancy, &[(u32, Placement)]) -> K> Dfs<'_, K, F> {
     fn walk(&mut self, depth: usize, occ: &Occupancy) {
+        if self.first && self.best.is_some() {
+            return;
+        }
+        if depth == self.order.len() && self.first {
+            self.best = Some(((self.rank)(occ, &[]), Vec::new()));
+            return;
+        }
         if depth == self.order.len() {
-            let q = Quality::of(self.table, occ);
-            if self.best.as_ref().is_none_or(|(b, _)| q > *b) {
-                self.best = Some((q, self.chosen.clone()));
+            let placed: Vec<(u32, Placement)> = self
+                .kept
+                .iter()
+                .copied()
+                .chain(self.order.iter().zip(&self.chosen).map(|(&(_, id), p)| (id, *p)))
+                .collect();
+            let key = (self.rank)(occ, &placed);
+            if self.best.as_ref().is_none_or(|(b, _)| key > *b) {
+                self.best = Some((key, self.chosen.clone()));
             }
             return;
         }
@@ -95,11 +112,11 @@ impl Dfs<'_> {
         };
         let mut placed_any = false;
         for pl in profile.placements.iter().copied().filter(|p| p.start >= min_start) {
-            if occ.check(self.table, profile, pl).is_err() {
+            if !occ.can_add(self.table, profile, pl) {
                 continue;
             }
             placed_any = true;
-            let mut next = occ.clone();
+            let mut next = *occ;
             next.add(profile, pl);
             self.chosen.push(pl);
             self.walk(depth + 1, &next);
@@ -111,6 +128,37 @@ impl Dfs<'_> {
     }
 }
 
+/// Whether the `new` profile ids have legal placements around `kept` (no ranking).
+pub fn fits(table: &ProfileTable, kept: &[(u32, Placement)], new: &[u32]) -> bool {
+    let all: Vec<u32> = kept.iter().map(|(id, _)| *id).chain(new.iter().copied()).collect();
+    if precheck(table, &all).is_err() {
+        return false;
+    }
+    let base = Occupancy::of(table, kept.iter().copied());
+    let mut dfs = Dfs {
+        table,
+        kept,
+        order: most_constrained_first(table, &base, new),
+        chosen: Vec::new(),
+        rank: |_: &Occupancy, _: &[(u32, Placement)]| (),
+        first: true,
+        best: None,
+        deepest: None,
+    };
+    dfs.walk(0, &base);
+    dfs.best.is_some()
+}
+
+fn most_constrained_first(table: &ProfileTable, base: &Occupancy, new: &[u32]) -> Vec<(usize, u32)> {
+    let mut order: Vec<(usize, u32)> = new.iter().copied().enumerate().collect();
+    order.sort_by_key(|&(_, id)| {
+        let p = table.by_id(id);
+        let free = p.map_or(0, |p| base.free_placements(p).count());
+        (free, Reverse(p.map_or(0, |p| p.memory_slices)), id)
+    });
+    order
+}
+
 /// Finds placements for `new` profile ids around `kept` (profile id, placement) instances.
 /// Returns one placement per entry of `new`, in order, and the quality of the result.
 pub fn search(
@@ -118,16 +166,23 @@ pub fn search(
     kept: &[(u32, Placement)],
     new: &[u32],
 ) -> Result<(Vec<Placement>, Quality), Infeasible> {
+    search_ranked(table, kept, new, |occ, _| Quality::of(table, occ))
+}
+
+/// [`search`] with another ranking of the finished arrangements: `rank` sees the final
+/// occupancy and every instance (kept first, then the new ones placed); the largest key wins,
+/// the first found on a tie.
+pub fn search_ranked<K: Ord>(
+    table: &ProfileTable,
+    kept: &[(u32, Placement)],
+    new: &[u32],
+    rank: impl FnMut(&Occupancy, &[(u32, Placement)]) -> K,
+) -> Result<(Vec<Placement>, K), Infeasible> {
     let all: Vec<u32> = kept.iter().map(|(id, _)| *id).chain(new.iter().copied()).collect();
     precheck(table, &all)?;
     let base = Occupancy::of(table, kept.iter().copied());
-    let mut order: Vec<(usize, u32)> = new.iter().copied().enumerate().collect();
-    order.sort_by_key(|&(_, id)| {
-        let p = table.by_id(id);
-        let free = p.map_or(0, |p| base.free_placements(p).count());
-        (free, Reverse(p.map_or(0, |p| p.memory_slices)), id)
-    });
-    let mut dfs = Dfs { table, order, chosen: Vec::new(), best: None, deepest: None };
+    let order = most_constrained_first(table, &base, new);
+    let mut dfs = Dfs { table, kept, order, chosen: Vec::new(), rank, first: false, best: None, deepest: None };
     dfs.walk(0, &base);
     if let Some((quality, chosen)) = dfs.best {
         let mut out = vec![Placement::new(0, 0); new.len()];
@@ -148,4 +203,14 @@ pub fn search(
         _ => format!(" once {} are kept and {} placed", around[..kept_n].join(","), around[kept_n..].join(",")),
     };
     Err(Infeasible(format!("no legal placement for {name}{context}")))
+}
+
+/// Every legal arrangement of the GPU instances `ids` on an empty GPU (identical profiles in
+/// increasing placement order, so each arrangement appears once): the oracle's search space.
+pub fn arrangements(table: &ProfileTable, ids: &[u32]) -> Vec<Vec<(u32, Placement)>> {
+    let mut out = Vec::new();
+    let _ = search_ranked(table, &[], ids, |_, placed| {
+        out.push(placed.to_vec());
+    });
+    out
 }

@@ -4,15 +4,21 @@
 use crate::profile::{Engines, GiProfile, ProfileTable};
 use crate::Placement;
 
-/// The GPU instances present on one GPU, reduced to what capacity depends on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Distinct profiles an [`Occupancy`] counts (a GPU holds at most 8 GPU instances).
+const MAX_KINDS: usize = 16;
+
+/// The GPU instances present on one GPU, reduced to what capacity depends on. `Copy`, so the
+/// placement search clones it freely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Occupancy {
     /// Occupied memory slices (bit i = slice i).
     pub mask: u32,
     /// Compute slices in use.
     pub compute_used: u32,
-    /// (profile id, instances) for every profile present.
-    pub counts: Vec<(u32, u32)>,
+    /// (profile id, instances) for every profile present, the first `kinds` entries.
+    counts: [(u32, u32); MAX_KINDS],
+    /// How many entries of `counts` are used.
+    kinds: usize,
     /// JPEG and OFA engines in use.
     pub media_used: (u32, u32),
 }
@@ -60,7 +66,7 @@ pub enum Conflict {
 impl Occupancy {
     /// An empty GPU.
     pub fn empty() -> Self {
-        Self { mask: 0, compute_used: 0, counts: Vec::new(), media_used: (0, 0) }
+        Self { mask: 0, compute_used: 0, counts: [(0, 0); MAX_KINDS], kinds: 0, media_used: (0, 0) }
     }
 
     /// Builds the occupancy of `instances` (profile id, placement); unknown ids are ignored.
@@ -76,7 +82,7 @@ impl Occupancy {
 
     /// Number of instances of a profile.
     pub fn count(&self, profile_id: u32) -> u32 {
-        self.counts.iter().find(|(id, _)| *id == profile_id).map_or(0, |(_, n)| *n)
+        self.counts[..self.kinds].iter().find(|(id, _)| *id == profile_id).map_or(0, |(_, n)| *n)
     }
 
     /// Records an instance without checks.
@@ -85,9 +91,14 @@ impl Occupancy {
         self.compute_used += profile.slices;
         self.media_used.0 += profile.engines.jpeg;
         self.media_used.1 += profile.engines.ofa;
-        match self.counts.iter_mut().find(|(id, _)| *id == profile.id) {
+        match self.counts[..self.kinds].iter_mut().find(|(id, _)| *id == profile.id) {
             Some((_, n)) => *n += 1,
-            None => self.counts.push((profile.id, 1)),
+            // More kinds than any GPU holds: the count stays unknown (reads as 0).
+            None if self.kinds == MAX_KINDS => {}
+            None => {
+                self.counts[self.kinds] = (profile.id, 1);
+                self.kinds += 1;
+            }
         }
     }
 
@@ -104,6 +115,16 @@ impl Occupancy {
             return Err(Conflict::Overlap { profile: name(), placement });
         }
         self.check_resources(table, profile)
+    }
+
+    /// Whether [`Occupancy::check`] passes, without building the reason (the search's hot path).
+    pub fn can_add(&self, table: &ProfileTable, profile: &GiProfile, placement: Placement) -> bool {
+        self.mask & placement.mask() == 0
+            && self.count(profile.id) < profile.instance_count
+            && self.compute_used + profile.slices <= table.compute_slices
+            && profile.placements.contains(&placement)
+            && (profile.engines.jpeg == 0 && profile.engines.ofa == 0
+                || media_fits(table.engine_totals(), self.media_used, profile.engines))
     }
 
     /// Checks the placement-independent resources (compute slices, JPEG/OFA engines).
@@ -126,13 +147,13 @@ impl Occupancy {
 
     /// How many more instances of `profile` can be created now (NVML's remaining capacity).
     pub fn remaining_capacity(&self, table: &ProfileTable, profile: &GiProfile) -> u32 {
-        let mut occ = self.clone();
+        let mut occ = *self;
         let mut n = 0;
         // Placements of one profile never overlap each other, so greedy filling is exact.
         loop {
             let next = occ.free_placements(profile).next();
             let Some(p) = next else { break };
-            if occ.check(table, profile, p).is_err() {
+            if !occ.can_add(table, profile, p) {
                 break;
             }
             occ.add(profile, p);
@@ -219,6 +240,37 @@ mod tests {
         assert_eq!(occ.remaining_capacity(&t, three), 0);
         // Two 3g leave one compute slice but no memory: nothing is creatable.
         assert!(occ.largest_creatable(&t).is_none());
+    }
+
+    #[test]
+    fn can_add_agrees_with_check() {
+        // Every catalog model, every one- and two-instance occupancy, every profile and placement.
+        for model in catalog::all_models() {
+            let t = model.profile_table();
+            let mut occs = vec![Occupancy::empty()];
+            for a in &t.profiles {
+                for &pa in &a.placements {
+                    occs.push(Occupancy::of(&t, [(a.id, pa)]));
+                    for b in &t.profiles {
+                        occs.extend(b.placements.iter().map(|&pb| Occupancy::of(&t, [(a.id, pa), (b.id, pb)])));
+                    }
+                }
+            }
+            for occ in &occs {
+                for p in &t.profiles {
+                    for start in 0..t.memory_slices {
+                        let pl = Placement::new(start, p.memory_slices);
+                        assert_eq!(
+                            occ.can_add(&t, p, pl),
+                            occ.check(&t, p, pl).is_ok(),
+                            "{} {} {pl}",
+                            model.id,
+                            p.name
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
