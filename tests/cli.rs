@@ -22,6 +22,12 @@ fn apply_assert_export_round_trip(b: Backend) {
     let node = Node::with(b, "A100-SXM4-80GB:8");
     let cfg = example_config();
     node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).failed();
+    // MIG disabled exports as mig-parted's own export does: an empty mapping, no placements.
+    let disabled = node.run(&["export"]).ok().stdout;
+    assert_eq!(
+        disabled,
+        "version: v1\nmig-configs:\n  current:\n    - devices: all\n      mig-enabled: false\n      mig-devices: {}\n"
+    );
     let out = node.apply(&cfg, "all-balanced");
     assert!(out.stdout.contains("MIG configuration applied successfully"), "{}", out.stdout);
     let a = node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();

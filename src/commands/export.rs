@@ -47,18 +47,20 @@ pub fn entries(states: &[GpuState]) -> Vec<Entry> {
         for gi in gis {
             line.push_str(&format!(" {}@{}", s.gi_name(gi), gi.placement.start));
         }
+        // A GPU without instances has no placement comment.
+        let placed = (!s.instances.is_empty()).then_some(line);
         let kind = Some(s.info.pci_device_id);
         match groups.iter_mut().find(|g| g.filter == kind && g.mig_enabled == enabled && g.mig_devices == counts) {
             Some(g) => {
                 g.devices.get_or_insert_with(Vec::new).push(s.info.index);
-                g.placements.push(line);
+                g.placements.extend(placed);
             }
             None => groups.push(Entry {
                 filter: kind,
                 devices: Some(vec![s.info.index]),
                 mig_enabled: enabled,
                 mig_devices: counts,
-                placements: vec![line],
+                placements: placed.into_iter().collect(),
             }),
         }
     }
@@ -99,14 +101,13 @@ fn yaml(label: &str, entries: &[Entry]) -> String {
             Some(d) => format!("devices: [{}]", d.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
         });
         line(format!("mig-enabled: {}", e.mig_enabled));
-        if e.mig_enabled {
-            if e.mig_devices.is_empty() {
-                line("mig-devices: {}".into());
-            } else {
-                line("mig-devices:".into());
-                for (name, n) in &e.mig_devices {
-                    out.push_str(&format!("        \"{name}\": {n}\n"));
-                }
+        // As mig-parted exports it: an empty mapping for disabled GPUs too.
+        if e.mig_devices.is_empty() {
+            line("mig-devices: {}".into());
+        } else {
+            line("mig-devices:".into());
+            for (name, n) in &e.mig_devices {
+                out.push_str(&format!("        \"{name}\": {n}\n"));
             }
         }
     }
@@ -123,9 +124,7 @@ fn json_doc(label: &str, entries: &[Entry]) -> Value {
             }
             m.insert("devices".into(), e.devices.as_ref().map_or(json!("all"), |d| json!(d)));
             m.insert("mig-enabled".into(), json!(e.mig_enabled));
-            if e.mig_enabled {
-                m.insert("mig-devices".into(), json!(e.mig_devices));
-            }
+            m.insert("mig-devices".into(), json!(e.mig_devices));
             Value::Object(m)
         })
         .collect();

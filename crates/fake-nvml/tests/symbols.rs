@@ -102,3 +102,38 @@ fn inventory_calls_answer_and_unserved_ones_say_not_supported() {
         ok(nvml.nvmlShutdown(), "shutdown");
     }
 }
+
+/// Functions of the newer NVML header (13.x) that NVIDIA's go-nvml vendors and nvml-wrapper-sys
+/// does not bind yet (read from go-nvml's `pkg/nvml/nvml.h`, 2026-12).
+const NEWER_HEADER: [&str; 17] = [
+    "nvmlDeviceGetAccountingStats_v2",
+    "nvmlDeviceGetBBXTimeData_v1",
+    "nvmlDeviceGetHostname_v1",
+    "nvmlDeviceGetRemappedRows_v2",
+    "nvmlDeviceGetUnrepairableMemoryFlag_v1",
+    "nvmlDeviceGetVgpuSchedulerLog_v2",
+    "nvmlDeviceGetVgpuSchedulerState_v2",
+    "nvmlDeviceReadPRMCounters_v1",
+    "nvmlDeviceSetHostname_v1",
+    "nvmlDeviceSetRusdSettings_v1",
+    "nvmlDeviceSetVgpuSchedulerState_v2",
+    "nvmlDeviceVgpuForceGspUnload",
+    "nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1",
+    "nvmlGpuInstanceGetVgpuSchedulerLog_v2",
+    "nvmlGpuInstanceGetVgpuSchedulerState_v2",
+    "nvmlGpuInstanceSetVgpuSchedulerState_v2",
+    "nvmlSystemGetCPER_v1",
+];
+
+#[test]
+fn newer_header_functions_resolve_too() {
+    // SAFETY: as above.
+    let lib = unsafe { libloading::Library::new(fake_library()) }.unwrap();
+    let missing: Vec<&str> = NEWER_HEADER
+        .iter()
+        .copied()
+        .filter(|n| unsafe { lib.get::<*const ()>(format!("{n}\0").as_bytes()) }.is_err())
+        .collect();
+    assert!(missing.is_empty(), "missing: {missing:?}");
+    assert!(NEWER_HEADER.iter().all(|n| fake_nvml::abi::unsupported::NOT_SERVED.contains(n)));
+}
