@@ -96,7 +96,7 @@ fn geometries(model: &str) -> (usize, usize) {
             let free: Vec<_> = occ.free_placements(p).collect();
             for pl in free {
                 if occ.check(t, p, pl).is_ok() {
-                    let mut next = occ.clone();
+                    let mut next = *occ;
                     next.add(p, pl);
                     ids.push(p.id);
                     walk(t, &next, ids, seen);
