@@ -14,8 +14,54 @@ on_both_backends!(
     bad_input_and_busy_instances_fail_clearly,
     survives_api_failures_and_stays_quiet,
     absent_label_changes_nothing_and_foreign_layouts_fail,
-    the_write_that_says_success_carries_the_new_summary
+    the_write_that_says_success_carries_the_new_summary,
+    resyncs_and_restarts_publish_nothing_new
 );
+
+/// (node writes, Events) so far.
+fn published(api: &ApiServer) -> (usize, usize) {
+    let s = api.state();
+    (s.patches.len(), s.events.len())
+}
+
+/// A change is one `pending` and one `success` (writes and Events); resyncs that find the layout
+/// applied, and a restarted agent, write nothing and emit no Event.
+fn resyncs_and_restarts_publish_nothing_new(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
+    let api = ApiServer::start(NODE);
+    let agent = start(&node, &api, &["--resync-interval", "200ms"]);
+    std::thread::sleep(Duration::from_millis(600));
+    let idle = published(&api);
+    api.label(LAYOUT, Some("all-1g.10gb"));
+    wait_state(&api, "success", "all-1g.10gb");
+    let reason_after_change = reason(&api);
+    assert!(reason_after_change.starts_with("applied 'all-1g.10gb' in "), "{reason_after_change}");
+    std::thread::sleep(Duration::from_millis(1000)); // five resync intervals
+    let after = published(&api);
+    let reasons: Vec<String> =
+        api.state().events.iter().map(|e| e["reason"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(reasons, ["ReconfigureStarted", "Reconfigured"], "one Event per transition");
+    assert_eq!(after.0 - idle.0, 2, "writes for one change (pending, success) and five resyncs");
+    assert_eq!(reason(&api), reason_after_change, "a resync keeps the reason of the change");
+    // A restarted agent finds its state on the node and leaves it.
+    drop(agent);
+    let _agent = start(&node, &api, &["--resync-interval", "200ms"]);
+    let gets = || api.state().identities.iter().filter(|i| i.method == "GET").count();
+    let before = gets();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gets() < before + 2 {
+        assert!(Instant::now() < deadline, "the restarted agent never read the node");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(published(&api), after, "a restart writes nothing and emits no Event");
+    assert_eq!(reason(&api), reason_after_change);
+    println!(
+        "change + 5 resyncs: {} writes, {} Events; restart + 5 resyncs: 0 writes, 0 Events",
+        after.0 - idle.0,
+        after.1 - idle.1
+    );
+}
 
 /// The Node never shows `success` next to the previous layout's summary: the write that sets
 /// the state carries the new `gpupart.io/gpus` and `gpupart.io/free-full-gpus`, even with a long
@@ -321,4 +367,17 @@ fn pauses_gpu_clients_and_always_restores_them() {
         seen.contains(&PLUGIN.to_string()) && seen.contains(&DCGM.to_string()) && !seen.contains(&GFD.to_string()),
         "{seen:?}"
     );
+    // Every request names the agent (User-Agent), every write its field manager: the paused
+    // labels show `gpupart` as their manager, never `unknown`.
+    let s = api.state();
+    let writes: Vec<_> = s.identities.iter().filter(|i| i.is_write()).collect();
+    assert!(writes.len() > 10, "{writes:?}");
+    for w in &writes {
+        assert_eq!(w.field_manager.as_deref(), Some("gpupart"), "{w:?}");
+    }
+    let agent = concat!("gpupart/", env!("CARGO_PKG_VERSION"));
+    assert!(s.identities.iter().all(|i| i.user_agent.as_deref() == Some(agent)), "{:?}", s.identities);
+    for key in [PLUGIN, DCGM, "gpupart.io/paused-clients"] {
+        assert_eq!(s.last_writer.get(key).map(String::as_str), Some("gpupart"), "{key}");
+    }
 }

@@ -92,7 +92,7 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         let mode = match file_source {
             Some(src) => Mode::File(src),
             None => {
-                let client = ::kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+                let client = crate::kube::client().await?;
                 let (ctx, mut crx) = mpsc::channel::<()>(8);
                 let keys = vec![a.label_key.clone(), crate::kube::keys::FORCE.to_string()];
                 let watch = NodeWatch::spawn(client.clone(), &node, keys, ctx);
@@ -173,7 +173,7 @@ async fn clear_force(mode: &Mode) {
     let Mode::Kube { client, node, .. } = mode else { return };
     let api: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
     let patch = serde_json::json!({ "metadata": { "annotations": { crate::kube::keys::FORCE: null } } });
-    let pp = ::kube::api::PatchParams::default();
+    let pp = crate::kube::keys::merge_params();
     if let Err(e) = api.patch_metadata(node, &pp, &::kube::api::Patch::Merge(&patch)).await {
         tracing::warn!(error = %e, "removing the force annotation failed");
     }

@@ -20,6 +20,13 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The phase a label value names (`pending`, `success`, …).
+    pub fn parse(value: &str) -> Option<Self> {
+        [Phase::Idle, Phase::Pending, Phase::Rebooting, Phase::Success, Phase::Failed]
+            .into_iter()
+            .find(|p| p.as_str() == value)
+    }
+
     /// The label value (`pending`, `success`, …).
     pub fn as_str(self) -> &'static str {
         match self {

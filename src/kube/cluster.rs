@@ -24,7 +24,7 @@ pub async fn node_annotations(client: kube::Client, key: &str) -> anyhow::Result
 pub fn read_node_annotations(key: &str) -> anyhow::Result<Vec<(String, Option<String>)>> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
     rt.block_on(async {
-        let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+        let client = super::client().await?;
         node_annotations(client, key).await
     })
 }

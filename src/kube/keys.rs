@@ -15,3 +15,9 @@ pub const FORCE: &str = "gpupart.io/force-reconfigure";
 pub const FIELD_MANAGER: &str = "gpupart";
 /// Annotation listing the GPU-client labels this agent paused (so a restarted agent restores them).
 pub const PAUSED_CLIENTS: &str = "gpupart.io/paused-clients";
+
+/// Parameters of a merge patch, named by the agent's field manager (never `unknown` in
+/// managedFields).
+pub fn merge_params() -> kube::api::PatchParams {
+    kube::api::PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }
+}

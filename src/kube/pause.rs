@@ -7,7 +7,7 @@ use super::keys::PAUSED_CLIENTS;
 use super::node::NodeWatch;
 use crate::agent::reconcile::Clients;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch};
 use kube::{Api, Client};
 use serde_json::{json, Map, Value};
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ async fn merge_patch(
 ) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
     let patch = json!({ "metadata": { "labels": labels, "annotations": { PAUSED_CLIENTS: annotation } } });
-    api.patch_metadata(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+    api.patch_metadata(node, &super::keys::merge_params(), &Patch::Merge(&patch)).await.map(|_| ())
 }
 
 /// Restores labels this agent paused (listed in the annotation), retrying on API errors.

@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -31,9 +32,34 @@ pub struct KubeReporter {
     tx: mpsc::UnboundedSender<Update>,
 }
 
-/// What identifies a published state: only a change of these writes anything.
-fn key(s: &AgentStatus) -> (Phase, Option<String>, String) {
-    (s.state, s.layout.clone(), s.reason.clone())
+/// What identifies a published state: only a change of these writes anything. A success is the
+/// layout alone: a resync that finds the layout applied keeps the reason of the change that
+/// applied it (every change passes through `pending`, so a new success is always published).
+type Key = (Phase, Option<String>, Option<String>);
+
+fn key(s: &AgentStatus) -> Key {
+    (s.state, s.layout.clone(), (s.state != Phase::Success).then(|| s.reason.clone()))
+}
+
+/// The node's labels and annotations as the publisher found them at start.
+type Published = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+/// Reads what the node shows now (one GET; `None` when it cannot be read).
+async fn published(api: &Api<Node>, node: &str) -> Option<Published> {
+    match api.get_metadata(node).await {
+        Ok(n) => Some((n.metadata.labels.unwrap_or_default(), n.metadata.annotations.unwrap_or_default())),
+        Err(e) => {
+            tracing::debug!(error = %e, "reading the published state failed; the first state is written");
+            None
+        }
+    }
+}
+
+/// The state a previous agent published on the node, if any.
+fn published_status((labels, annotations): &Published) -> Option<AgentStatus> {
+    let phase = Phase::parse(labels.get(STATE_LABEL)?)?;
+    let layout = annotations.get(STATE_LAYOUT).filter(|l| !l.is_empty()).cloned();
+    Some(AgentStatus::new(phase, layout, annotations.get(STATE_REASON).cloned().unwrap_or_default()))
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -61,8 +87,14 @@ impl KubeReporter {
                 name: Some(node.clone()),
                 ..Default::default()
             };
-            let mut last: Option<(Phase, Option<String>, String)> = None;
+            let mut last: Option<Key> = None;
             let mut owned = Owned::default();
+            // A restarted agent that finds its own state on the node does not write it again.
+            let mut on_node = published(&api, &node).await;
+            if let Some(st) = on_node.as_ref().and_then(published_status) {
+                last = Some(key(&st));
+                owned.state = Some(st);
+            }
             let mut last_summary_write: Option<tokio::time::Instant> = None;
             let mut deferred: Option<Summary> = None;
             loop {
@@ -80,7 +112,7 @@ impl KubeReporter {
                         if status.state != Phase::Idle && last.as_ref() != Some(&key(&status)) =>
                     {
                         owned.state = Some(status.clone());
-                        apply(&api, &node, &owned, &prefix).await;
+                        apply(&api, &node, &owned, &prefix, &mut on_node).await;
                         match notice {
                             Some(n) => notify(&recorder, &reference, &n).await,
                             None => event(&recorder, &reference, &status).await,
@@ -100,7 +132,7 @@ impl KubeReporter {
                             last_summary_write = Some(tokio::time::Instant::now());
                         }
                         if new_state || new_summary {
-                            apply(&api, &node, &owned, &prefix).await;
+                            apply(&api, &node, &owned, &prefix, &mut on_node).await;
                         }
                         if new_state {
                             event(&recorder, &reference, &status).await;
@@ -114,7 +146,7 @@ impl KubeReporter {
                 let next = if due { deferred.take() } else { None };
                 if let Some(s) = next.filter(|s| owned.summary.as_ref() != Some(s)) {
                     owned.summary = Some(s);
-                    apply(&api, &node, &owned, &prefix).await;
+                    apply(&api, &node, &owned, &prefix, &mut on_node).await;
                     last_summary_write = Some(tokio::time::Instant::now());
                 }
             }
@@ -155,7 +187,8 @@ impl Events {
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         };
-        self.api.create(&PostParams::default(), &ev).await.map(|_| ())
+        let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        self.api.create(&pp, &ev).await.map(|_| ())
     }
 }
 
@@ -167,7 +200,9 @@ struct Owned {
     summary: Option<Summary>,
 }
 
-async fn apply(api: &Api<Node>, node: &str, owned: &Owned, prefix: &str) {
+/// Applies everything owned; the first apply is skipped when the node already shows all of it
+/// (`on_node`, what the node held at start).
+async fn apply(api: &Api<Node>, node: &str, owned: &Owned, prefix: &str, on_node: &mut Option<Published>) {
     let mut labels = serde_json::Map::new();
     let mut annotations = serde_json::Map::new();
     if let Some(status) = &owned.state {
@@ -181,6 +216,15 @@ async fn apply(api: &Api<Node>, node: &str, owned: &Owned, prefix: &str) {
         }
         for (k, v) in &s.annotations {
             annotations.insert(format!("{prefix}{k}"), json!(v));
+        }
+    }
+    if let Some((have_labels, have_annotations)) = on_node.take() {
+        let shown = |want: &serde_json::Map<String, serde_json::Value>, have: &BTreeMap<String, String>| {
+            want.iter().all(|(k, v)| v.as_str().is_some_and(|v| have.get(k).map(String::as_str) == Some(v)))
+        };
+        if shown(&labels, &have_labels) && shown(&annotations, &have_annotations) {
+            tracing::debug!("the node already shows this state and summary; nothing written");
+            return;
         }
     }
     let patch = json!({

@@ -41,6 +41,31 @@ pub struct ApiState {
     pub patches: Vec<Value>,
     /// Further nodes (name → annotations), served in node lists and by name (read only).
     pub other_nodes: BTreeMap<String, BTreeMap<String, String>>,
+    /// Who sent each request, in order (what audit logs and managedFields show).
+    pub identities: Vec<Identity>,
+    /// Per node label or annotation key: the field manager of the last write that set or removed
+    /// it (`unknown` for a write without one, as managedFields shows it).
+    pub last_writer: BTreeMap<String, String>,
+}
+
+/// One request's identity.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// HTTP method.
+    pub method: String,
+    /// Path.
+    pub path: String,
+    /// `User-Agent` header.
+    pub user_agent: Option<String>,
+    /// `fieldManager` query parameter.
+    pub field_manager: Option<String>,
+}
+
+impl Identity {
+    /// Whether the request changes something (anything but GET).
+    pub fn is_write(&self) -> bool {
+        self.method != "GET"
+    }
 }
 
 #[derive(Clone)]
@@ -169,6 +194,12 @@ async fn handle(
     {
         let mut s = sh.state.lock().unwrap();
         s.requests.push((method.to_string(), uri.to_string()));
+        s.identities.push(Identity {
+            method: method.to_string(),
+            path: path.clone(),
+            user_agent: headers.get("user-agent").and_then(|v| v.to_str().ok()).map(str::to_string),
+            field_manager: q.get("fieldManager").cloned(),
+        });
         if !watch {
             if let Some(code) = s.fail_next.pop_front() {
                 return status(code, "InternalError", "injected failure");
@@ -212,6 +243,12 @@ async fn handle(
                 }
                 s.patches.push(patch.clone());
                 let md = &patch["metadata"];
+                let writer = q.get("fieldManager").cloned().unwrap_or_else(|| "unknown".into());
+                for part in ["labels", "annotations"] {
+                    for k in md[part].as_object().into_iter().flat_map(|m| m.keys()) {
+                        s.last_writer.insert(k.clone(), writer.clone());
+                    }
+                }
                 if content_type.starts_with("application/apply-patch") {
                     let manager = q.get("fieldManager").cloned().unwrap_or_default();
                     if manager.is_empty() {
