@@ -304,7 +304,10 @@ async fn async_main(
             clear_force(&mode).await;
         }
         let mut status = result.status;
-        let wait = if status.state == Phase::Failed && result.retry {
+        let wait = if status.state == Phase::Pending && result.retry {
+            // Waiting on the Kubernetes API (not a failure): try again soon, without counting it.
+            a.retry_min
+        } else if status.state == Phase::Failed && result.retry {
             let d = backoff.next_delay();
             status.attempts = backoff.attempts();
             status.next_retry_secs = Some(d.as_secs().max(1));

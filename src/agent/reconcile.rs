@@ -31,10 +31,21 @@ pub struct Settings {
     pub exec: ExecOptions,
 }
 
+/// Why GPU clients were not paused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PauseError {
+    /// The Kubernetes API did not answer: wait and try the change again (nothing changed).
+    #[error("the Kubernetes API does not answer: {0}")]
+    Unreachable(String),
+    /// The clients did not stop in time, or the API refused the pause.
+    #[error("{0}")]
+    NotStopped(String),
+}
+
 /// GPU clients to stop around a change (NVIDIA GPU Operator operands), restored afterwards.
 pub trait Clients: Send + Sync {
     /// Pauses the clients and waits for them to stop; `Err` says why they did not (in time).
-    fn pause(&self) -> Result<(), String>;
+    fn pause(&self) -> Result<(), PauseError>;
     /// Restores what `pause` paused. Called after every `pause`, whatever happened.
     fn resume(&self);
 }
@@ -188,9 +199,22 @@ pub fn reconcile(
     }
     let start = Instant::now();
     if let Some(c) = edges.clients {
-        if let Err(why) = c.pause() {
-            c.resume();
-            return failed(layout, format!("GPU clients did not stop, nothing was changed: {why}"), true);
+        match c.pause() {
+            Ok(()) => {}
+            // An API outage is not a failed change: the GPUs are untouched and the change waits.
+            Err(PauseError::Unreachable(why)) => {
+                c.resume();
+                let reason = format!("waiting for the Kubernetes API to pause GPU clients, nothing changed yet: {why}");
+                return Reconciled {
+                    status: AgentStatus::new(Phase::Pending, layout.clone(), reason),
+                    retry: true,
+                    serving: None,
+                };
+            }
+            Err(PauseError::NotStopped(why)) => {
+                c.resume();
+                return failed(layout, format!("GPU clients did not stop, nothing was changed: {why}"), true);
+            }
         }
     }
     let (reports, mps_reports) = execute_node(backend, &jobs, edges.mps.map(|m| (m, mps_plans.as_slice())), s.exec);

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod keys;
 pub mod node;
+pub mod outage;
 pub mod pause;
 pub mod publish;
 pub mod summary;

@@ -1,16 +1,18 @@
 //! Watches the own Node (metadata only, field selector on its name) and keeps the latest labels
-//! and annotations. The watcher re-lists after errors and 410 Gone on its own; errors are logged
-//! and the stream continues, so a flaky API server never stops NVML work or `/healthz`.
+//! and annotations. A 410 (resourceVersion gone, e.g. after an API-server restart) re-lists at
+//! once; other errors retry within a second, logged once per outage; the stream continues, so a
+//! flaky API server never stops NVML work or `/healthz`.
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+
+use super::outage::Outage;
 
 /// The latest metadata of the own Node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,13 +45,26 @@ impl NodeWatch {
         let api: Api<PartialObjectMeta<Node>> = Api::all(client);
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
         tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+            // No stream backoff: a 410 (the resourceVersion is gone, e.g. after an API-server
+            // restart) re-lists at once; other errors wait at most a second (`Outage`).
+            let mut stream = watcher::watcher(api, config).boxed();
+            let mut outage = Outage::new("watching the node");
             while let Some(ev) = stream.next().await {
                 let obj = match ev {
-                    Ok(Event::Apply(o) | Event::InitApply(o)) => o,
-                    Ok(Event::Delete(_) | Event::Init | Event::InitDone) => continue,
+                    Ok(Event::Apply(o) | Event::InitApply(o)) => {
+                        outage.ok();
+                        o
+                    }
+                    Ok(Event::Delete(_) | Event::Init | Event::InitDone) => {
+                        outage.ok();
+                        continue;
+                    }
+                    Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                        tracing::debug!(message = %status.message, "node watch expired; re-listing now");
+                        continue;
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "node watch error; re-listing with backoff");
+                        tokio::time::sleep(outage.failed(&e)).await;
                         continue;
                     }
                 };

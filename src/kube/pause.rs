@@ -5,7 +5,7 @@
 
 use super::keys::PAUSED_CLIENTS;
 use super::node::NodeWatch;
-use crate::agent::reconcile::Clients;
+use crate::agent::reconcile::{Clients, PauseError};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch};
 use kube::{Api, Client};
@@ -53,8 +53,8 @@ async fn merge_patch(
 /// Restores labels this agent paused (listed in the annotation), retrying on API errors.
 pub async fn restore(client: &Client, node: &str) {
     let api: Api<Node> = Api::all(client.clone());
-    let mut delay = Duration::from_millis(200);
-    for _ in 0..20 {
+    let mut outage = super::outage::Outage::new("restoring GPU client labels");
+    for _ in 0..200 {
         let result = async {
             let n = api.get_metadata(node).await?;
             let Some(list) = n.metadata.annotations.as_ref().and_then(|a| a.get(PAUSED_CLIENTS)).cloned() else {
@@ -68,19 +68,15 @@ pub async fn restore(client: &Client, node: &str) {
         }
         .await;
         match result {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "restoring GPU client labels failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
+            Ok(()) => return outage.ok(),
+            Err(e) => tokio::time::sleep(outage.failed(&e)).await,
         }
     }
     tracing::error!("could not restore GPU client labels; they are restored at the next start");
 }
 
 impl KubeClients {
-    async fn pause_async(&self) -> Result<(), String> {
+    async fn pause_async(&self) -> Result<(), PauseError> {
         let view = self.watch.view();
         let keys: Vec<String> = view
             .labels
@@ -92,9 +88,14 @@ impl KubeClients {
             return Ok(());
         }
         let labels: Map<String, Value> = keys.iter().map(|k| (k.clone(), json!(PAUSED))).collect();
-        merge_patch(&self.client, &self.node, labels, json!(keys.join(",")))
-            .await
-            .map_err(|e| format!("pausing {}: {e}", keys.join(", ")))?;
+        merge_patch(&self.client, &self.node, labels, json!(keys.join(","))).await.map_err(|e| {
+            let why = format!("pausing {}: {e}", keys.join(", "));
+            if unreachable(&e) {
+                PauseError::Unreachable(why)
+            } else {
+                PauseError::NotStopped(why)
+            }
+        })?;
         tracing::info!(labels = ?keys, "paused GPU clients; waiting for their pods to stop");
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
@@ -118,13 +119,15 @@ impl KubeClients {
                         )
                     })
                     .collect(),
+                Err(e) if unreachable(&e) => return Err(PauseError::Unreachable(format!("listing pods: {e}"))),
                 Err(e) => vec![format!("(cannot list pods: {e})")],
             };
             if remaining.is_empty() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(format!("timed out after {:?} waiting for {} to stop", self.timeout, remaining.join(", ")));
+                let why = format!("timed out after {:?} waiting for {} to stop", self.timeout, remaining.join(", "));
+                return Err(PauseError::NotStopped(why));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -132,13 +135,18 @@ impl KubeClients {
 }
 
 impl Clients for KubeClients {
-    fn pause(&self) -> Result<(), String> {
+    fn pause(&self) -> Result<(), PauseError> {
         self.handle.block_on(self.pause_async())
     }
 
     fn resume(&self) {
         self.handle.block_on(restore(&self.client, &self.node));
     }
+}
+
+/// Whether an error means the API was not reached (as opposed to an answer refusing the request).
+fn unreachable(e: &kube::Error) -> bool {
+    !matches!(e, kube::Error::Api(_))
 }
 
 /// The labels to set back to `true`: those named in the paused-clients annotation (read back

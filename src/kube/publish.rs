@@ -232,15 +232,11 @@ async fn apply(api: &Api<Node>, node: &str, owned: &Owned, prefix: &str, on_node
         "kind": "Node",
         "metadata": { "name": node, "labels": labels, "annotations": annotations },
     });
-    let mut delay = Duration::from_millis(200);
+    let mut outage = super::outage::Outage::new("publishing the node state");
     loop {
         match api.patch_metadata(node, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, retry_ms = delay.as_millis() as u64, "publishing the node state failed");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
+            Ok(_) => return outage.ok(),
+            Err(e) => tokio::time::sleep(outage.failed(&e)).await,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! An in-process Kubernetes API test server on 127.0.0.1 (real HTTP), enough for the agent:
 //! node list/watch (metadata-only and full, resourceVersions, bookmarks, expired watches),
 //! merge-patch and server-side apply with per-manager label/annotation ownership, pods list by
-//! node, events create/patch, and fault injection (HTTP errors, 410 on watch, dropped watches).
+//! node, events create/patch, and fault injection (HTTP errors, 410 on watch, dropped watches,
+//! a restart: every connection dropped, connections refused while down, and watches from a
+//! resourceVersion older than the restart answered `410 Expired` as etcd's compaction does).
 #![allow(dead_code)]
 
 use axum::body::{Body, Bytes};
@@ -43,6 +45,10 @@ pub struct ApiState {
     pub other_nodes: BTreeMap<String, BTreeMap<String, String>>,
     /// Who sent each request, in order (what audit logs and managedFields show).
     pub identities: Vec<Identity>,
+    /// Watches from a resourceVersion below this get `410 Expired` (set by a restart).
+    pub oldest_watchable: u64,
+    /// `410 Expired` answers sent to watches so far.
+    pub expired_sent: u32,
     /// Per node label or annotation key: the field manager of the last write that set or removed
     /// it (`unknown` for a write without one, as managedFields shows it).
     pub last_writer: BTreeMap<String, String>,
@@ -85,7 +91,8 @@ pub struct ApiServer {
     /// Listening port on 127.0.0.1.
     pub port: u16,
     shared: Shared,
-    _runtime: tokio::runtime::Runtime,
+    /// The serving runtime; `None` while the server is down.
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 fn meta(s: &ApiState) -> Value {
@@ -295,14 +302,15 @@ fn watch_nodes(sh: Shared, q: &HashMap<String, String>, metadata_only: bool) -> 
     let mut rx = sh.changes.subscribe();
     let expired = {
         let mut s = sh.state.lock().unwrap();
-        let e = s.expire_watches > 0;
+        let e = s.expire_watches > 0 || (from > 0 && from < s.oldest_watchable);
         s.expire_watches = s.expire_watches.saturating_sub(1);
-        e
+        s.expired_sent += u32::from(e);
+        e.then(|| format!("too old resource version: {from} ({})", s.oldest_watchable.max(s.rv)))
     };
     let stream = async_stream(move |tx| async move {
         let line = |v: Value| Bytes::from(format!("{v}\n"));
-        if expired {
-            let err = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}});
+        if let Some(message) = expired {
+            let err = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": "Expired", "code": 410}});
             let _ = tx.send(line(err)).await;
             return;
         }
@@ -348,6 +356,27 @@ where
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
 }
 
+/// Serves `shared` on 127.0.0.1:`port` (0: any free port) on `runtime`; returns the port.
+fn serve(runtime: &tokio::runtime::Runtime, shared: &Shared, port: u16) -> u16 {
+    let app = Router::new().fallback(handle).with_state(shared.clone());
+    let listener = runtime.block_on(async {
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        // The port of a server that went down is taken again at once (SO_REUSEADDR).
+        for _ in 0..100 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_reuseaddr(true).unwrap();
+            if socket.bind(addr).is_ok() {
+                return socket.listen(128).unwrap();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("cannot listen on 127.0.0.1:{port} again");
+    });
+    let port = listener.local_addr().unwrap().port();
+    runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    port
+}
+
 impl ApiServer {
     /// Starts a server for a node called `node`.
     pub fn start(node: &str) -> Self {
@@ -355,11 +384,29 @@ impl ApiServer {
         let state = Arc::new(Mutex::new(ApiState { node: node.to_string(), rv: 1, ..Default::default() }));
         let (changes, _) = broadcast::channel(64);
         let shared = Shared { state, changes };
-        let app = Router::new().fallback(handle).with_state(shared.clone());
-        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        runtime.spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { port, shared, _runtime: runtime }
+        let port = serve(&runtime, &shared, 0);
+        Self { port, shared, runtime: Mutex::new(Some(runtime)) }
+    }
+
+    /// Stops answering, as a stopped API server: every open connection is dropped and new ones
+    /// are refused (nothing listens on the port) until [`ApiServer::come_back`].
+    pub fn go_down(&self) {
+        if let Some(rt) = self.runtime.lock().unwrap().take() {
+            rt.shutdown_background();
+        }
+    }
+
+    /// Listens again on the same port, as a restarted API server: the resourceVersion moves on
+    /// and watches from before the restart get `410 Expired` (etcd compacted them away).
+    pub fn come_back(&self) {
+        {
+            let mut s = self.state();
+            s.rv += 5;
+            s.oldest_watchable = s.rv;
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        serve(&runtime, &self.shared, self.port);
+        *self.runtime.lock().unwrap() = Some(runtime);
     }
 
     /// Locks the state for reading or changing it directly.

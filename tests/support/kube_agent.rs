@@ -29,8 +29,25 @@ pub fn start_with(node: &Node, api: &ApiServer, extra: &[&str], env: &[(&str, &s
     start_config(node, api, &example_config(), extra, env)
 }
 
+/// Starts the agent against `api` with `extra` arguments, its log (stderr, level info) going to
+/// `log`.
+pub fn start_logging(node: &Node, api: &ApiServer, extra: &[&str], log: &std::path::Path) -> Agent {
+    spawn(node, api, &example_config(), extra, &[("RUST_LOG", "info")], Some(log))
+}
+
 /// Starts the agent against `api` with config file `cfg`.
 pub fn start_config(node: &Node, api: &ApiServer, cfg: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+    spawn(node, api, cfg, extra, env, None)
+}
+
+fn spawn(
+    node: &Node,
+    api: &ApiServer,
+    cfg: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    log_to: Option<&std::path::Path>,
+) -> Agent {
     let kubeconfig = api.kubeconfig(node.dir.path());
     let lock = node.dir.path().join("agent.lock");
     let guard = node.dir.path().join("guard");
@@ -60,7 +77,10 @@ pub fn start_config(node: &Node, api: &ApiServer, cfg: &str, extra: &[&str], env
     args.extend_from_slice(extra);
     let mut env = env.to_vec();
     env.push(("KUBECONFIG", kubeconfig.to_str().unwrap()));
-    let log = std::env::var_os("GPUPART_TEST_AGENT_LOG").and_then(|p| std::fs::File::create(p).ok());
+    let log = match log_to {
+        Some(p) => Some(std::fs::File::create(p).unwrap()),
+        None => std::env::var_os("GPUPART_TEST_AGENT_LOG").and_then(|p| std::fs::File::create(p).ok()),
+    };
     let stderr = log.map_or_else(Stdio::null, Stdio::from);
     let child = node.command(&args, &env).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
     Agent(child)
