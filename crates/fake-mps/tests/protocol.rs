@@ -26,6 +26,20 @@ fn ctl(dir: &Path, stdin: Option<&str>, args: &[&str]) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Makes the daemon stop answering and sends `cmd` from a client left waiting (output piped).
+fn hung_client(dir: &Path, cmd: &str) -> std::process::Child {
+    std::fs::write(dir.join("pipe/fake-hang"), "").unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fake-nvidia-cuda-mps-control"))
+        .env("CUDA_MPS_PIPE_DIRECTORY", dir.join("pipe"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(format!("{cmd}\n").as_bytes()).unwrap();
+    c
+}
+
 fn say(dir: &Path, cmd: &str) -> String {
     let o = ctl(dir, Some(cmd), &[]);
     assert!(o.status.success(), "{cmd}: {}", String::from_utf8_lossy(&o.stderr));
@@ -67,14 +81,7 @@ fn behaves_like_the_control_program() {
     assert!(log.contains("Cmd:set_default_active_thread_percentage 25"), "{log}");
 
     // Hang: the client blocks; the caller's timeout is what ends it.
-    std::fs::write(d.join("pipe/fake-hang"), "").unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fake-nvidia-cuda-mps-control"))
-        .env("CUDA_MPS_PIPE_DIRECTORY", d.join("pipe"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(b"get_server_list\n").unwrap();
+    let mut c = hung_client(d, "get_server_list");
     std::thread::sleep(Duration::from_millis(300));
     assert!(c.try_wait().unwrap().is_none(), "a hung daemon must not answer");
     c.kill().unwrap();
@@ -98,15 +105,7 @@ fn a_daemon_that_dies_mid_command_fails_the_client() {
     let d = dir.path();
     assert!(ctl(d, None, &["-d"]).status.success());
     let pid = std::fs::read_to_string(d.join("pipe/nvidia-cuda-mps-control.pid")).unwrap().trim().to_string();
-    std::fs::write(d.join("pipe/fake-hang"), "").unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fake-nvidia-cuda-mps-control"))
-        .env("CUDA_MPS_PIPE_DIRECTORY", d.join("pipe"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(b"get_default_device_pinned_mem_limit 0\n").unwrap();
+    let c = hung_client(d, "get_default_device_pinned_mem_limit 0");
     std::thread::sleep(Duration::from_millis(200));
     assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
     let out = c.wait_with_output().unwrap();
