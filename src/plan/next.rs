@@ -59,14 +59,9 @@ impl NextSwaps {
     }
 
     /// Total weighted operations of the next swap from `arrangement`, in thousandths of an
-    /// operation per unit of weight (an integer, so plans compare exactly); divide by
-    /// [`NextSwaps::total_weight`] for the mean.
-    pub fn weighted_ops_milli(&self, table: &ProfileTable, arrangement: &[(u32, Placement)]) -> u64 {
-        self.weighted_ops_milli_within(table, arrangement, u64::MAX).unwrap_or(u64::MAX)
-    }
-
-    /// [`NextSwaps::weighted_ops_milli`], or `None` as soon as it is sure to exceed `limit`
-    /// (every swap costs at least 2 operations, so the rest is bounded below).
+    /// operation per unit of weight (an integer, so plans compare exactly), or `None` as soon as
+    /// it is sure to exceed `limit` (every swap costs at least 2 operations, 4 when something
+    /// must move, so the rest is bounded below).
     pub fn weighted_ops_milli_within(
         &self,
         table: &ProfileTable,
@@ -90,11 +85,6 @@ impl NextSwaps {
         }
         Some(bound)
     }
-
-    /// Sum of the swaps' weights.
-    pub fn total_weight(&self) -> f64 {
-        self.swaps.iter().map(|s| s.2).sum()
-    }
 }
 
 /// Operations (destroys + creates) the fewest-destroys plan spends turning `arrangement` into
@@ -106,7 +96,10 @@ pub fn swap_ops(table: &ProfileTable, arrangement: &[(u32, Placement)], x: u32, 
         arrangement.iter().filter_map(|&(id, pl)| table.by_id(id).map(|p| (p, pl))).collect();
     let n = placed.len();
     let copies: Vec<usize> = (0..n).filter(|&i| placed[i].0.id == x).collect();
-    for m in 0..n {
+    if nothing_moves(table, arrangement, x, y) {
+        return Some(2);
+    }
+    for m in 1..n {
         for &i in &copies {
             for moved in subsets(n, m).filter(|s| s & (1 << i) == 0) {
                 let mut occ = Occupancy::empty();
