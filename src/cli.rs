@@ -1,66 +1,159 @@
 //! Command-line definitions (clap). Flag names and environment variables follow NVIDIA
 //! mig-parted where the verbs overlap (`-f`, `-c`, `-o`, `-l`, `-m`, `-a`, `--skip-reset`).
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 /// gpupart: partition NVIDIA GPUs (MIG) with minimal-diff reconfiguration.
 #[derive(Debug, Parser)]
 #[command(name = "gpupart", version, about, propagate_version = true)]
 pub struct Cli {
-    /// Global options.
+    /// Options of every verb.
     #[command(flatten)]
     pub global: GlobalArgs,
+    /// GPU options given before the verb (`gpupart --simulate A100-SXM4-80GB:8 apply …`); the
+    /// same options after the verb take precedence.
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// The verb.
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// Options every verb takes.
+/// Options every verb takes (before or after the verb).
 #[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
-    /// Use simulated GPUs instead of NVML: MODEL:COUNT[,MODEL:COUNT…], e.g. A100-SXM4-80GB:8.
-    #[arg(long, global = true, value_name = "SPEC", env = "GPUPART_SIMULATE")]
-    pub simulate: Option<String>,
-    /// Simulator state file: created from --simulate when missing, reused when present.
-    #[arg(long, global = true, value_name = "FILE", env = "GPUPART_SIM_STATE")]
-    pub sim_state: Option<PathBuf>,
-    /// NVML library to load (default: the system libnvidia-ml.so.1).
-    #[arg(long, global = true, value_name = "PATH")]
-    pub nvml_lib: Option<PathBuf>,
-    /// nvidia-smi used for per-GPU resets on hardware.
-    #[arg(long, global = true, value_name = "PATH")]
-    pub nvidia_smi: Option<PathBuf>,
-    /// MPS control program (`nvidia-cuda-mps-control` on PATH by default).
-    #[arg(
-        long,
-        global = true,
-        value_name = "PATH",
-        default_value = "nvidia-cuda-mps-control",
-        env = "GPUPART_MPS_CONTROL"
-    )]
-    pub mps_control: PathBuf,
-    /// Directory of the per-GPU MPS daemons: `<root>/<gpu-uuid>/{pipe,log,shm}`.
-    #[arg(long, global = true, value_name = "DIR", default_value = crate::mps::node::DEFAULT_ROOT, env = "GPUPART_MPS_ROOT")]
-    pub mps_root: PathBuf,
-    /// Longest wait for one MPS control command, a daemon's start or its quit.
-    #[arg(long, global = true, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    pub mps_timeout: std::time::Duration,
-    /// Size of the tmpfs mounted on each GPU's MPS shm directory (the clients' /dev/shm):
-    /// `auto` (half the host memory), `0` (a plain directory), or e.g. `8G`.
-    #[arg(long, global = true, value_name = "SIZE", default_value = "auto", env = "GPUPART_MPS_SHM_SIZE",
-          value_parser = parse_shm_size)]
-    pub mps_shm_size: String,
-    /// The kubelet's PodResources socket: devices allocated to pods count as in use.
-    #[arg(long, global = true, value_name = "PATH", env = "GPUPART_POD_RESOURCES_SOCKET",
-          default_value = crate::kubelet::pod_resources::DEFAULT_SOCKET)]
-    pub pod_resources_socket: PathBuf,
-    /// Log format on stderr.
+    /// Log format on stderr (`RUST_LOG` sets the levels, e.g. `RUST_LOG=gpupart=debug`).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
     /// Verbose logs (debug level).
-    #[arg(long, short = 'd', global = true, env = "MIG_PARTED_DEBUG")]
+    #[arg(long, short = 'd', global = true, env = "MIG_PARTED_DEBUG", action = ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
     pub debug: bool,
+}
+
+/// Options of the verbs that read or change GPUs (apply, assert, export, status, frag, agent).
+/// Every one may also come from its environment variable (named in its help).
+#[derive(Debug, Args, Clone, Default)]
+#[command(next_help_heading = "GPU options")]
+pub struct GpuArgs {
+    /// Use simulated GPUs instead of NVML: MODEL:COUNT[,MODEL:COUNT…], e.g. A100-SXM4-80GB:8
+    /// [env: GPUPART_SIMULATE].
+    #[arg(long, value_name = "SPEC")]
+    pub simulate: Option<String>,
+    /// Simulator state file: created from --simulate when missing, reused when present
+    /// [env: GPUPART_SIM_STATE].
+    #[arg(long, value_name = "FILE")]
+    pub sim_state: Option<PathBuf>,
+    /// NVML library to load [default: the system libnvidia-ml.so.1].
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// nvidia-smi used for per-GPU resets on hardware [default: nvidia-smi on PATH].
+    #[arg(long, value_name = "PATH")]
+    pub nvidia_smi: Option<PathBuf>,
+    /// MPS control program [default: nvidia-cuda-mps-control on PATH] [env: GPUPART_MPS_CONTROL].
+    #[arg(long, value_name = "PATH")]
+    pub mps_control: Option<PathBuf>,
+    /// Directory of the per-GPU MPS daemons: `<root>/<gpu-uuid>/{pipe,log,shm}`
+    /// [default: /run/gpupart/mps] [env: GPUPART_MPS_ROOT].
+    #[arg(long, value_name = "DIR")]
+    pub mps_root: Option<PathBuf>,
+    /// Longest wait for one MPS control command, a daemon's start or its quit [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub mps_timeout: Option<std::time::Duration>,
+    /// Size of the tmpfs mounted on each GPU's MPS shm directory (the clients' /dev/shm):
+    /// `auto` (half the host memory), `0` (a plain directory), or e.g. `8G` [default: auto]
+    /// [env: GPUPART_MPS_SHM_SIZE].
+    #[arg(long, value_name = "SIZE", value_parser = parse_shm_size)]
+    pub mps_shm_size: Option<String>,
+    /// The kubelet's PodResources socket: devices allocated to pods count as in use
+    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock] [env: GPUPART_POD_RESOURCES_SOCKET].
+    #[arg(long, value_name = "PATH")]
+    pub pod_resources_socket: Option<PathBuf>,
+}
+
+/// The GPU options in effect: the verb's, else those before the verb, else the environment,
+/// else the defaults.
+#[derive(Debug, Clone)]
+pub struct GpuOptions {
+    /// `--simulate`.
+    pub simulate: Option<String>,
+    /// `--sim-state`.
+    pub sim_state: Option<PathBuf>,
+    /// `--nvml-lib`.
+    pub nvml_lib: Option<PathBuf>,
+    /// `--nvidia-smi`.
+    pub nvidia_smi: Option<PathBuf>,
+    /// `--mps-control`.
+    pub mps_control: PathBuf,
+    /// `--mps-root`.
+    pub mps_root: PathBuf,
+    /// `--mps-timeout`.
+    pub mps_timeout: std::time::Duration,
+    /// `--mps-shm-size`.
+    pub mps_shm_size: String,
+    /// `--pod-resources-socket`.
+    pub pod_resources_socket: PathBuf,
+    /// `-d`: debug logs (also passed to hooks).
+    pub debug: bool,
+}
+
+/// A non-empty environment variable.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+impl GpuArgs {
+    /// The option names of this group, as typed on the command line (`--simulate`, …), of
+    /// those set in `self`.
+    pub fn given(&self) -> Vec<&'static str> {
+        let set = [
+            ("--simulate", self.simulate.is_some()),
+            ("--sim-state", self.sim_state.is_some()),
+            ("--nvml-lib", self.nvml_lib.is_some()),
+            ("--nvidia-smi", self.nvidia_smi.is_some()),
+            ("--mps-control", self.mps_control.is_some()),
+            ("--mps-root", self.mps_root.is_some()),
+            ("--mps-timeout", self.mps_timeout.is_some()),
+            ("--mps-shm-size", self.mps_shm_size.is_some()),
+            ("--pod-resources-socket", self.pod_resources_socket.is_some()),
+        ];
+        set.into_iter().filter(|(_, on)| *on).map(|(n, _)| n).collect()
+    }
+
+    /// Resolves the options: `self` (after the verb) over `top` (before it), then the
+    /// environment, then the defaults. A bad value from the environment is an error naming it.
+    pub fn resolve(&self, top: &GpuArgs, debug: bool) -> Result<GpuOptions, String> {
+        let pick = |a: &Option<String>, b: &Option<String>, env: &str| a.clone().or(b.clone()).or_else(|| env_var(env));
+        let path = |a: &Option<PathBuf>, b: &Option<PathBuf>, env: Option<&str>| {
+            a.clone().or(b.clone()).or_else(|| env.and_then(env_var).map(PathBuf::from))
+        };
+        let mps_shm_size = match pick(&self.mps_shm_size, &top.mps_shm_size, "GPUPART_MPS_SHM_SIZE") {
+            Some(s) => parse_shm_size(&s).map_err(|e| format!("--mps-shm-size / GPUPART_MPS_SHM_SIZE: {e}"))?,
+            None => "auto".to_string(),
+        };
+        Ok(GpuOptions {
+            simulate: pick(&self.simulate, &top.simulate, "GPUPART_SIMULATE"),
+            sim_state: path(&self.sim_state, &top.sim_state, Some("GPUPART_SIM_STATE")),
+            nvml_lib: path(&self.nvml_lib, &top.nvml_lib, None),
+            nvidia_smi: path(&self.nvidia_smi, &top.nvidia_smi, None),
+            mps_control: path(&self.mps_control, &top.mps_control, Some("GPUPART_MPS_CONTROL"))
+                .unwrap_or_else(|| PathBuf::from("nvidia-cuda-mps-control")),
+            mps_root: path(&self.mps_root, &top.mps_root, Some("GPUPART_MPS_ROOT"))
+                .unwrap_or_else(|| PathBuf::from(crate::mps::node::DEFAULT_ROOT)),
+            mps_timeout: self.mps_timeout.or(top.mps_timeout).unwrap_or(std::time::Duration::from_secs(10)),
+            mps_shm_size,
+            pod_resources_socket: path(
+                &self.pod_resources_socket,
+                &top.pod_resources_socket,
+                Some("GPUPART_POD_RESOURCES_SOCKET"),
+            )
+            .unwrap_or_else(|| PathBuf::from(crate::kubelet::pod_resources::DEFAULT_SOCKET)),
+            debug,
+        })
+    }
 }
 
 /// Log output format.
@@ -149,6 +242,9 @@ pub struct PlanArgs {
 /// `frag` options.
 #[derive(Debug, Args)]
 pub struct FragArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Config file whose `gpupart.workload` block sets the target workload mix.
     #[arg(short = 'f', long = "config-file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
@@ -188,9 +284,13 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 /// `agent` options.
 #[derive(Debug, Args, Clone)]
 pub struct AgentArgs {
-    /// Config file in mig-parted v1 format (a ConfigMap mount is fine: changes are picked up).
-    #[arg(short = 'f', long = "config-file", value_name = "FILE", env = "CONFIG_FILE")]
-    pub config_file: PathBuf,
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// Config file in mig-parted v1 format (a ConfigMap mount is fine: changes are picked up)
+    /// [env: MIG_PARTED_CONFIG_FILE, or CONFIG_FILE as NVIDIA's MIG manager names it].
+    #[arg(short = 'f', long = "config-file", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
     /// This node's name (Kubernetes mode).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
@@ -295,6 +395,9 @@ pub struct ConfigArgs {
 /// `apply` options.
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Config file and name.
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -308,10 +411,12 @@ pub struct ApplyArgs {
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub parallel: u32,
     /// Only change MIG modes; leave instances alone.
-    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
+    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY", action = ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
     pub mode_only: bool,
     /// Never reset a GPU; a pending mode is reported as "reset required".
-    #[arg(short = 's', long, env = "MIG_PARTED_SKIP_RESET")]
+    #[arg(short = 's', long, env = "MIG_PARTED_SKIP_RESET", action = ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
     pub skip_reset: bool,
     /// mig-parted hooks file (apply-start, pre-apply-mode, pre-apply-config, apply-exit).
     #[arg(short = 'k', long = "hooks-file", value_name = "FILE", env = "MIG_PARTED_HOOKS_FILE")]
@@ -321,22 +426,30 @@ pub struct ApplyArgs {
 /// `assert` options.
 #[derive(Debug, Args)]
 pub struct AssertArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Config file and name.
     #[command(flatten)]
     pub config: ConfigArgs,
     /// Only check MIG modes.
-    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY")]
+    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY", action = ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
     pub mode_only: bool,
     /// Only check that the file parses and holds the selected config.
-    #[arg(short = 'a', long, env = "MIG_PARTED_VALID_CONFIG")]
+    #[arg(short = 'a', long, env = "MIG_PARTED_VALID_CONFIG", action = ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
     pub valid_config: bool,
 }
 
 /// `export` options.
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// Output format.
-    #[arg(short = 'o', long = "output-format", value_enum, default_value_t = ExportFormat::Yaml)]
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// Output format (`--output-format`, mig-parted's spelling, works too).
+    #[arg(short = 'o', long = "output", visible_alias = "output-format", value_enum, default_value_t = ExportFormat::Yaml)]
     pub output: ExportFormat,
     /// Name of the exported config.
     #[arg(short = 'l', long = "config-label", default_value = "current")]
@@ -352,8 +465,9 @@ pub struct ValidateArgs {
     /// Check only this config.
     #[arg(short = 'c', long = "selected-config", value_name = "NAME")]
     pub selected_config: Option<String>,
-    /// Check against this node instead of every catalog model: MODEL[:COUNT][,…].
-    #[arg(long, value_name = "SPEC")]
+    /// Check against this node instead of every catalog model: MODEL[:COUNT][,…]
+    /// (`--simulate SPEC` means the same).
+    #[arg(long, value_name = "SPEC", visible_alias = "simulate")]
     pub gpu: Option<String>,
     /// Treat warnings (entries no catalog model can check) as problems.
     #[arg(long)]
@@ -363,6 +477,9 @@ pub struct ValidateArgs {
 /// `status` options.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
     pub output: StatusFormat,

@@ -250,7 +250,7 @@ impl Run<'_> {
                     self.steps.push(Step::DestroyCi { gi: d.gi_id, ci });
                 }
                 self.backend.destroy_gpu_instance(self.gpu, d.gi_id)?;
-                tracing::info!(gi = d.gi_id, profile = %d.name, start = d.placement.start, "destroyed GPU instance");
+                tracing::debug!(gi = d.gi_id, profile = %d.name, start = d.placement.start, "destroyed GPU instance");
                 self.steps.push(Step::DestroyGi { gi: d.gi_id, name: d.name.clone(), placement: d.placement });
             }
             for r in &plan.reshape {
@@ -262,7 +262,7 @@ impl Run<'_> {
                     let ci = self.backend.create_compute_instance(self.gpu, r.gi_id, *ci_profile, *placement)?;
                     self.steps.push(Step::CreateCi { gi: r.gi_id, ci, name: name.clone() });
                 }
-                tracing::info!(gi = r.gi_id, profile = %r.name, start = r.placement.start, cis = ?r.device_names, "redid the compute instances of a kept GPU instance");
+                tracing::debug!(gi = r.gi_id, profile = %r.name, start = r.placement.start, cis = ?r.device_names, "redid the compute instances of a kept GPU instance");
             }
             for c in &plan.create {
                 self.create(c)?;
@@ -278,7 +278,7 @@ impl Run<'_> {
         let mode = if enabled { "enabled" } else { "disabled" };
         let activation = self.backend.set_mig_mode(self.gpu, enabled)?;
         self.steps.push(Step::SetMigMode(enabled));
-        tracing::info!(mode, ?activation, "MIG mode requested");
+        tracing::debug!(mode, ?activation, "MIG mode requested");
         match activation {
             ModeActivation::Done => Ok(()),
             ModeActivation::InUse => {
@@ -313,7 +313,7 @@ impl Run<'_> {
                 }
                 self.backend.reset_gpu(self.gpu)?;
                 self.steps.push(Step::Reset);
-                tracing::info!("GPU reset");
+                tracing::debug!("GPU reset");
                 let after = self.backend.observe(self.gpu)?;
                 if after.mig_mode.current != enabled {
                     return Err(ExecError::ResetRequired {
@@ -329,7 +329,7 @@ impl Run<'_> {
 
     fn create(&mut self, c: &crate::plan::CreateGi) -> Result<(), ExecError> {
         let gi = self.backend.create_gpu_instance(self.gpu, c.profile_id, c.placement)?;
-        tracing::info!(gi, profile = %c.name, start = c.placement.start, "created GPU instance");
+        tracing::debug!(gi, profile = %c.name, start = c.placement.start, "created GPU instance");
         self.steps.push(Step::CreateGi { gi, name: c.name.clone(), placement: c.placement });
         let mut made = Vec::new();
         for ((ci_profile, placement), name) in c.cis.iter().zip(&c.device_names) {

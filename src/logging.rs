@@ -28,3 +28,12 @@ pub fn init(format: LogFormat, debug: bool) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+/// Prints the error that ends the program: `error: …` for people, or one JSON object (as the
+/// log lines are) with `--log-format json`.
+pub fn final_error(format: LogFormat, e: &anyhow::Error) {
+    match format {
+        LogFormat::Human => eprintln!("error: {e:#}"),
+        LogFormat::Json => tracing::error!(target: "gpupart", error = %format!("{e:#}"), "failed"),
+    }
+}

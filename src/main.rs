@@ -6,11 +6,14 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    gpupart::logging::init(cli.global.log_format, cli.global.debug);
+    let cli_format = cli.global.log_format;
+    gpupart::logging::init(cli_format, cli.global.debug);
     match gpupart::commands::run(cli) {
         Ok(code) => code,
+        // `gpupart status | head -1`: the reader has what it wanted.
+        Err(e) if e.is::<gpupart::commands::StdoutClosed>() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            gpupart::logging::final_error(cli_format, &e);
             ExitCode::FAILURE
         }
     }

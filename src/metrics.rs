@@ -44,8 +44,9 @@ pub struct Metrics {
     unusable: G,
     gpu_frag_ratio: G,
     workload: G,
-    node: G,
-    collect: G,
+    node: NodeGauges,
+    collect: CollectGauges,
+    agent: AgentGauges,
     mps_up: G,
     mps_clients: G,
     mps_slots: G,
@@ -56,6 +57,41 @@ pub struct Metrics {
     reconfigurations: Family<Labels, Counter>,
     durations: Family<Labels, Histogram>,
     nvml_errors: Family<Labels, Counter>,
+}
+
+/// The node's fragmentation figures, one metric each (docs/metrics.md).
+struct NodeGauges {
+    unallocated: Gauge<f64, AtomicU64>,
+    fragmented: Gauge<f64, AtomicU64>,
+    ratio: Gauge<f64, AtomicU64>,
+    whole_free: Gauge<f64, AtomicU64>,
+    idle_without_mig: Gauge<f64, AtomicU64>,
+}
+
+/// The last metrics collection.
+struct CollectGauges {
+    success: Gauge<f64, AtomicU64>,
+    duration: Gauge<f64, AtomicU64>,
+    timestamp: Gauge<f64, AtomicU64>,
+}
+
+/// The agent's state machine: what "node stuck in failed" alerts read.
+struct AgentGauges {
+    state: G,
+    attempts: Gauge<f64, AtomicU64>,
+    failures: Family<Labels, Counter>,
+    last_success: Gauge<f64, AtomicU64>,
+}
+
+/// Registers one unlabelled gauge.
+fn gauge(r: &mut Registry, name: &str, help: &str) -> Gauge<f64, AtomicU64> {
+    let g = Gauge::<f64, AtomicU64>::default();
+    r.register(name, help, g.clone());
+    g
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Default for Metrics {
@@ -97,8 +133,44 @@ impl Metrics {
         );
         let workload =
             g(&mut r, "target_workload_weight", "Weight of each profile in the workload mix used for fragmentation");
-        let node = g(&mut r, "node", "Node fragmentation figures by quantity");
-        let collect = g(&mut r, "last_collect", "Last collection: success (0/1), duration_seconds, timestamp_seconds");
+        let node = NodeGauges {
+            unallocated: gauge(&mut r, "node_unallocated_gpus", "Free memory slices of the node, in GPUs"),
+            fragmented: gauge(
+                &mut r,
+                "node_fragmented_gpus",
+                "Free memory slices expected unusable against the workload mix, in GPUs",
+            ),
+            ratio: gauge(
+                &mut r,
+                "node_fragmentation_ratio",
+                "node_fragmented_gpus / node_unallocated_gpus (0 when none is free)",
+            ),
+            whole_free: gauge(&mut r, "node_whole_free_gpus", "GPUs with nothing on them"),
+            idle_without_mig: gauge(&mut r, "node_idle_without_mig_gpus", "GPUs without MIG that no process uses"),
+        };
+        let collect = CollectGauges {
+            success: gauge(&mut r, "last_collect_success", "1 when the last metrics collection read every GPU, else 0"),
+            duration: gauge(&mut r, "last_collect_duration_seconds", "Duration of the last metrics collection"),
+            timestamp: gauge(&mut r, "last_collect_timestamp_seconds", "Unix time of the last successful collection"),
+        };
+        let agent = AgentGauges {
+            state: g(&mut r, "agent_state", "The agent's state (one series per state, 1 for the current one)"),
+            attempts: gauge(
+                &mut r,
+                "agent_attempts",
+                "Consecutive failed attempts at the requested layout (0 after success)",
+            ),
+            failures: Family::<Labels, Counter>::default(),
+            last_success: gauge(
+                &mut r,
+                "agent_last_success_timestamp_seconds",
+                "Unix time the requested layout was last found applied (0 before the first success)",
+            ),
+        };
+        r.register("agent_failures", "Failed reconciles by reason category", agent.failures.clone());
+        for f in crate::agent::status::Failure::ALL {
+            let _ = agent.failures.get_or_create(&l(&[("reason", f.as_str())]));
+        }
         let mps_up = g(&mut r, "mps_daemon_up", "1 while the GPU's MPS control daemon answers its health round trip");
         let mps_clients = g(&mut r, "mps_clients", "Clients connected to the GPU's MPS server");
         let mps_slots = g(&mut r, "mps_slots", "MPS client slots by state (total; in_use = connected clients)");
@@ -125,7 +197,11 @@ impl Metrics {
         });
         r.register("reconfiguration_duration_seconds", "Duration of GPU changes by kind and result", durations.clone());
         let nvml_errors = Family::<Labels, Counter>::default();
-        r.register("nvml_errors", "Failed NVML calls by function and return code", nvml_errors.clone());
+        r.register(
+            "nvml_errors",
+            "Failed NVML calls by function and return code (its NVML_ERROR_* name)",
+            nvml_errors.clone(),
+        );
         Self {
             registry: r,
             lock: Mutex::new(()),
@@ -144,6 +220,7 @@ impl Metrics {
             workload,
             node,
             collect,
+            agent,
             mps_up,
             mps_clients,
             mps_slots,
@@ -205,8 +282,30 @@ impl Metrics {
     /// Records a failed collection (the last snapshot stays).
     pub fn collect_failed(&self, duration: f64) {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.collect.get_or_create(&l(&[("quantity", "success")])).set(0.0);
-        self.collect.get_or_create(&l(&[("quantity", "duration_seconds")])).set(duration);
+        self.collect.success.set(0.0);
+        self.collect.duration.set(duration);
+    }
+
+    /// Records the agent's state as published: the state series, the attempts, a failure by its
+    /// category, and the time of a success.
+    pub fn agent_status(&self, st: &crate::agent::status::AgentStatus) {
+        use crate::agent::status::Phase;
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        for p in [Phase::Idle, Phase::Pending, Phase::Rebooting, Phase::Success, Phase::Failed] {
+            let on = if p == st.state { 1.0 } else { 0.0 };
+            self.agent.state.get_or_create(&l(&[("state", p.as_str())])).set(on);
+        }
+        self.agent.attempts.set(f64::from(st.attempts));
+        match st.state {
+            Phase::Failed => {
+                let reason = st.failure.map_or("other", |f| f.as_str());
+                self.agent.failures.get_or_create(&l(&[("reason", reason)])).inc();
+            }
+            Phase::Success => {
+                self.agent.last_success.set(unix_now());
+            }
+            _ => {}
+        }
     }
 
     /// Whether the last PodResources read succeeded.
@@ -251,7 +350,6 @@ impl Metrics {
             &self.unusable,
             &self.gpu_frag_ratio,
             &self.workload,
-            &self.node,
             &self.mps_up,
             &self.mps_clients,
             &self.mps_slots,
@@ -330,19 +428,14 @@ impl Metrics {
                 self.workload.get_or_create(&l(&[("uuid", uuid), ("profile", p)])).set(*w);
             }
         }
-        for (q, v) in [
-            ("unallocated_gpus", node.unallocated_gpus),
-            ("fragmentation_gpus", node.fragmented_gpus),
-            ("fragmentation_ratio", node.fragmentation_ratio),
-            ("whole_free_gpus", node.whole_free_gpus as f64),
-            ("idle_without_mig_gpus", node.idle_without_mig_gpus as f64),
-        ] {
-            self.node.get_or_create(&l(&[("quantity", q)])).set(v);
-        }
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        self.collect.get_or_create(&l(&[("quantity", "success")])).set(1.0);
-        self.collect.get_or_create(&l(&[("quantity", "duration_seconds")])).set(duration);
-        self.collect.get_or_create(&l(&[("quantity", "timestamp_seconds")])).set(now);
+        self.node.unallocated.set(node.unallocated_gpus);
+        self.node.fragmented.set(node.fragmented_gpus);
+        self.node.ratio.set(node.fragmentation_ratio);
+        self.node.whole_free.set(node.whole_free_gpus as f64);
+        self.node.idle_without_mig.set(node.idle_without_mig_gpus as f64);
+        self.collect.success.set(1.0);
+        self.collect.duration.set(duration);
+        self.collect.timestamp.set(unix_now());
     }
 
     /// One GPU's MPS gauges (under the update lock).
@@ -371,8 +464,8 @@ impl Metrics {
         self.durations
             .get_or_create(&l(&[("kind", kind), ("result", outcome)]))
             .observe(started.elapsed().as_secs_f64());
-        if let Err(BackendError::Call { function, code, .. }) = result {
-            self.nvml_errors.get_or_create(&l(&[("function", function), ("code", &code.to_string())])).inc();
+        if let Err(BackendError::Call { function, name, .. }) = result {
+            self.nvml_errors.get_or_create(&l(&[("function", function), ("code", name)])).inc();
         }
     }
 }

@@ -110,6 +110,14 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
             },
         });
     }
+    if !out.is_empty() && problems.is_empty() && out.iter().all(|t| matches!(t, Target::Leave { .. })) {
+        let models: Vec<&str> = states.iter().map(|s| s.info.model.as_str()).collect();
+        problems.push(format!(
+            "config '{}' has no entry for this node's GPUs ({}): it would change nothing",
+            config.name,
+            models.join(", ")
+        ));
+    }
     if problems.is_empty() {
         Ok(out)
     } else {
@@ -118,8 +126,29 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
 }
 
 /// The config's workload mix as this GPU's GPU-instance profile ids (names it lacks drop out).
-fn mix(table: &crate::mig::ProfileTable, config: &MigConfig) -> Vec<(u32, f64)> {
-    config.workload.iter().filter_map(|(name, w)| table.resolve(name).ok().map(|(gi, _)| (gi.id, *w))).collect()
+fn mix(state: &GpuState, config: &MigConfig) -> Vec<(u32, f64)> {
+    let table = &state.profiles;
+    let mut missing = Vec::new();
+    let mix = config
+        .workload
+        .iter()
+        .filter_map(|(name, w)| match table.resolve(name) {
+            Ok((gi, _)) => Some((gi.id, *w)),
+            Err(_) => {
+                missing.push(name.to_string());
+                None
+            }
+        })
+        .collect();
+    if !missing.is_empty() {
+        tracing::warn!(
+            gpu = state.info.index,
+            model = %state.info.model,
+            profiles = %missing.join(", "),
+            "the workload mix names profiles this GPU does not have; they are left out of its mix"
+        );
+    }
+    mix
 }
 
 /// Plans every GPU. `mode_only` changes MIG modes but leaves instances of enabled GPUs alone.
@@ -159,16 +188,14 @@ pub fn prepare(
         }
         let plan = match desired {
             None => None,
-            Some(d) => {
-                match plan_for_mix(&state.profiles, &state.instances, &d, force, &mix(&state.profiles, config)) {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        all_blocked &= matches!(e, PlanError::Blocked { .. });
-                        problems.push(format!("GPU {} ({}): {e}", state.info.index, state.info.model));
-                        None
-                    }
+            Some(d) => match plan_for_mix(&state.profiles, &state.instances, &d, force, &mix(&state, config)) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    all_blocked &= matches!(e, PlanError::Blocked { .. });
+                    problems.push(format!("GPU {} ({}): {e}", state.info.index, state.info.model));
+                    None
                 }
-            }
+            },
         };
         jobs.push(Job { state, target, mode_change, plan });
     }

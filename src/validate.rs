@@ -88,7 +88,10 @@ fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, foun
     }
     if !fits_somewhere && infeasible.is_empty() {
         let names: Vec<String> = spec.mig_devices.iter().map(|(n, _)| n.to_string()).collect();
-        found.warnings.push(format!("{at}, key 'mig-devices': not checked, no catalog model has {}", names.join(", ")));
+        found.problems.push(format!(
+            "{at}, key 'mig-devices': no known GPU has {} (add a device-filter naming the GPU it is for)",
+            names.join(", ")
+        ));
     }
     found.problems.extend(infeasible);
 }
@@ -156,6 +159,14 @@ pub fn validate(file: &ConfigFile, only: Option<&str>, node: Option<&[&'static M
                     check_entry_offline(config, entry, spec, &mut found);
                 }
             }
+        }
+    }
+    for (name, _) in &file.workload {
+        let known = catalog::all_models().any(|m| m.mig_capable() && m.profile_table().resolve(name).is_ok());
+        if !known {
+            found
+                .warnings
+                .push(format!("key 'gpupart.workload': no known GPU has {name}; it is left out of every mix"));
         }
     }
     Ok(found)

@@ -200,7 +200,7 @@ fn label_changes_reconfigure_and_report(b: Backend) {
     assert_eq!(parsed[0]["layout"], serde_json::json!(["2g.20gb@0", "1g.10gb@2", "1g.10gb@3", "3g.40gb@4"]), "{gpus}");
     assert_eq!(parsed[0]["largest"], "none");
     let frag: serde_json::Value = serde_json::from_str(&api.state().annotations["gpupart.io/fragmentation"]).unwrap();
-    assert_eq!(frag["unallocGpus"], 0.0);
+    assert_eq!(frag["unallocatedGpus"], 0.0);
     assert_eq!(api.get_label("gpupart.io/free-full-gpus").as_deref(), Some("false"));
     wait_event(&api, "ReconfigureStarted", "all-balanced");
     wait_event(&api, "Reconfigured", "created 8 GPU instances");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use support::baremetal::start;
 use support::{promtool, Backend, Node};
 
-on_both_backends!(metrics_follow_the_layout_and_pass_promtool);
+on_both_backends!(metrics_follow_the_layout_and_pass_promtool, a_stuck_node_is_visible_and_alerts);
 
 fn scrape(port: u16, accept: &str) -> String {
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return String::new() };
@@ -51,8 +51,16 @@ fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
     let port = agent.port;
     let text = wait_for(port, "8 MIG devices", |t| instances(t).len() == 8);
     promtool(&text);
-    assert_eq!(value(&text, "gpupart_node{quantity=\"unallocated_gpus\"}"), Some(1.0), "only the V100 is free");
-    assert_eq!(value(&text, "gpupart_node{quantity=\"idle_without_mig_gpus\"}"), Some(1.0));
+    assert_eq!(value(&text, "gpupart_node_unallocated_gpus "), Some(1.0), "only the V100 is free");
+    assert_eq!(value(&text, "gpupart_node_idle_without_mig_gpus "), Some(1.0));
+    assert_eq!(value(&text, "gpupart_node_fragmented_gpus "), Some(0.0));
+    assert_eq!(value(&text, "gpupart_last_collect_success "), Some(1.0));
+    assert!(value(&text, "gpupart_last_collect_timestamp_seconds ").unwrap() > 1.7e9);
+    // One metric per quantity: no family mixes units behind a `quantity` label.
+    assert!(!text.contains("quantity="), "{text}");
+    assert_eq!(value(&text, "gpupart_agent_state{state=\"success\"} "), Some(1.0));
+    assert_eq!(value(&text, "gpupart_agent_state{state=\"failed\"} "), Some(0.0));
+    assert!(value(&text, "gpupart_agent_last_success_timestamp_seconds ").unwrap() > 1.7e9);
     assert_eq!(value(&text, "gpupart_reconfigurations_total{kind=\"gi_create\",result=\"success\"}"), Some(8.0));
     assert!(
         text.contains("gpupart_gpu_partition_mode{") && text.contains("mode=\"none\"} 1"),
@@ -76,4 +84,70 @@ fn metrics_follow_the_layout_and_pass_promtool(b: Backend) {
         value(&text, "gpupart_reconfiguration_duration_seconds_count{kind=\"gi_create\",result=\"success\"}").unwrap()
             >= 10.0
     );
+}
+
+/// A node that cannot reach its layout (a busy instance in the way) shows `failed`, its attempts
+/// and failures by reason in `/metrics`; the documented alert rule fires on it (promtool test
+/// rules over the scraped values), and the success afterwards is timestamped.
+fn a_stuck_node_is_visible_and_alerts(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:1");
+    let cfg = support::example_config();
+    node.apply(&cfg, "all-1g.10gb");
+    node.attach(0, 1, 4242);
+    let layout = node.dir.path().join("layout");
+    std::fs::write(&layout, "all-disabled\n").unwrap();
+    let agent = start(&node, &layout, &["--metrics-interval", "1h"]);
+    let text =
+        wait_for(agent.port, "3 failed attempts", |t| value(t, "gpupart_agent_attempts ").is_some_and(|v| v >= 3.0));
+    promtool(&text);
+    assert_eq!(value(&text, "gpupart_agent_state{state=\"failed\"} "), Some(1.0), "{text}");
+    assert_eq!(value(&text, "gpupart_agent_state{state=\"success\"} "), Some(0.0));
+    assert!(value(&text, "gpupart_agent_failures_total{reason=\"busy\"} ").unwrap() >= 3.0, "{text}");
+    assert_eq!(value(&text, "gpupart_agent_failures_total{reason=\"config\"} "), Some(0.0), "every reason is a series");
+    assert_eq!(value(&text, "gpupart_agent_last_success_timestamp_seconds "), Some(0.0));
+    check_alert_rule_fires();
+    // The process goes away: the next attempt succeeds and is timestamped.
+    let mut s = node.load();
+    s.gpus[0].gpu_instances.iter_mut().flat_map(|g| g.compute_instances.iter_mut()).for_each(|c| c.processes.clear());
+    node.save(&s);
+    let text = wait_for(agent.port, "success", |t| value(t, "gpupart_agent_state{state=\"success\"} ") == Some(1.0));
+    assert_eq!(value(&text, "gpupart_agent_attempts "), Some(0.0));
+    assert!(value(&text, "gpupart_agent_last_success_timestamp_seconds ").unwrap() > 1.7e9);
+}
+
+/// deploy/alerts.yaml passes `promtool check rules`, and `promtool test rules` shows its
+/// stuck-node alert firing after 10 minutes of `failed` and not before.
+fn check_alert_rule_fires() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/alerts.yaml");
+    let (ok, out) = support::tool("promtool", &["check", "rules", rules]);
+    assert!(ok, "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let test = dir.path().join("alerts_test.yaml");
+    std::fs::write(
+        &test,
+        format!(
+            r#"rule_files: ["{rules}"]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'gpupart_agent_state{{instance="gpu-node-1",state="failed"}}'
+        values: '1x20'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: GpupartNodeStuckFailed
+        exp_alerts: []
+      - eval_time: 15m
+        alertname: GpupartNodeStuckFailed
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: gpu-node-1, state: failed}}
+            exp_annotations:
+              summary: "gpupart on gpu-node-1 has been failed for 10 min"
+              description: "The requested layout cannot be applied: see gpupart_agent_attempts, gpupart_agent_failures_total and the node's Events (or the status file)."
+"#
+        ),
+    )
+    .unwrap();
+    let (ok, out) = support::tool("promtool", &["test", "rules", test.to_str().unwrap()]);
+    assert!(ok, "{out}");
 }

@@ -209,7 +209,8 @@ fn current_layouts_and_fragmentation_from_the_cluster() {
     assert_eq!(c["without_agent"], serde_json::json!(["cpu-node"]));
     let published: serde_json::Value =
         serde_json::from_str(&api.state().annotations["gpupart.io/fragmentation"]).unwrap();
-    let (f, u) = (published["fragGpus"].as_f64().unwrap() + 0.125, published["unallocGpus"].as_f64().unwrap() + 0.25);
+    let (f, u) =
+        (published["fragmentedGpus"].as_f64().unwrap() + 0.125, published["unallocatedGpus"].as_f64().unwrap() + 0.25);
     assert!((c["fragmentation_ratio"].as_f64().unwrap() - if u > 0.0 { f / u } else { 0.0 }).abs() < 1e-9, "{c}");
     let table = gpupart(&["frag", "--cluster"], &[("KUBECONFIG", kc)]).ok().stdout;
     assert!(

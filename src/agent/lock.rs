@@ -33,6 +33,31 @@ pub enum LockError {
     },
 }
 
+/// Refuses a lock file that is also another file the agent uses (the simulator's state file or
+/// its lock, the status file, the config): one process would then wait on its own lock.
+pub fn check_distinct(lock: &Path, others: &[(&str, PathBuf)]) -> Result<(), String> {
+    let me = normalize(lock);
+    for (what, other) in others {
+        if normalize(other) == me {
+            return Err(format!(
+                "--lock-file {} is also {what} ({}): use a lock file of its own",
+                lock.display(),
+                other.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An absolute path with its directory's symlinks resolved (the file itself need not exist).
+fn normalize(p: &Path) -> PathBuf {
+    let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    match (abs.parent().and_then(|d| d.canonicalize().ok()), abs.file_name()) {
+        (Some(dir), Some(name)) => dir.join(name),
+        _ => abs,
+    }
+}
+
 impl NodeLock {
     /// Takes the lock at `path` (creating the file and its directory), writing this PID into it.
     pub fn acquire(path: &Path) -> Result<Self, LockError> {
@@ -69,6 +94,16 @@ impl NodeLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_shared_with_another_file_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("agent.lock");
+        let via_dot = dir.path().join(".").join("agent.lock");
+        let err = check_distinct(&lock, &[("the simulator's lock", via_dot.clone())]).unwrap_err();
+        assert!(err.contains("agent.lock") && err.contains("the simulator's lock"), "{err}");
+        check_distinct(&lock, &[("the simulator's lock", dir.path().join("sim.lock"))]).unwrap();
+    }
 
     #[test]
     fn second_holder_is_refused_and_named() {

@@ -13,7 +13,7 @@ pub mod source;
 pub mod status;
 
 use crate::backend::GpuBackend;
-use crate::cli::{AgentArgs, GlobalArgs};
+use crate::cli::{AgentArgs, GpuOptions};
 use crate::exec::ExecOptions;
 use crate::http::{router, Health, HttpState};
 use crate::kube::{KubeReporter, NodeWatch};
@@ -38,6 +38,9 @@ enum Wake {
     Shutdown,
 }
 
+/// How long a change under way may still run after SIGTERM before the agent exits anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
 /// Where the desired layout comes from.
 enum Mode {
     /// Bare metal: a fixed name or a layout file.
@@ -52,7 +55,10 @@ enum Mode {
 }
 
 /// Runs the agent until SIGTERM/SIGINT.
-pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
+pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
+    let mut a = a.clone();
+    a.config_file = Some(config_path(&a)?);
+    let a = &a;
     let file_source = if a.no_kube {
         Some(match (&a.layout, &a.layout_file) {
             (Some(n), None) => LayoutSource::Fixed(n.clone()),
@@ -74,13 +80,21 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         (None, Some(n)) => n.clone(),
         (None, None) => bail!("Kubernetes mode needs the node name: --node-name or NODE_NAME (downward API)"),
     };
+    let mut others = vec![("the config file", config_of(a).to_path_buf())];
+    if let Some(state) = &g.sim_state {
+        others.push(("the simulator's state file (--sim-state)", state.clone()));
+        others.push(("the simulator's lock on its state file", crate::mig::sim::store::lock_path(state)));
+    }
+    others.extend(a.status_file.iter().map(|f| ("the status file", f.clone())));
+    others.extend(a.layout_file.iter().map(|f| ("the layout file", f.clone())));
+    lock::check_distinct(&a.lock_file, &others).map_err(anyhow::Error::msg)?;
     let _lock = lock::NodeLock::acquire(&a.lock_file)?;
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let raw: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
     let mps = crate::mps::Mps::from_args(g);
     let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-    runtime.block_on(async move {
+    let ended = runtime.block_on(async move {
         let (tx, rx) = mpsc::channel::<Wake>(8);
         let mut reporters: Vec<Box<dyn Reporter>> = vec![Box::new(LogAndNotify)];
         if let Some(p) = &a.status_file {
@@ -147,14 +161,33 @@ pub fn run(g: &GlobalArgs, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         };
         let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps, plugin, pod_source };
         async_main(a.clone(), mode, backend, outputs, tx, rx).await
-    })
+    });
+    // A blocking task still running (a change past its grace) must not hold the exit up.
+    runtime.shutdown_background();
+    ended
+}
+
+/// The config file: `-f`, else `MIG_PARTED_CONFIG_FILE`, else `CONFIG_FILE` (NVIDIA's MIG
+/// manager's name for it).
+fn config_path(a: &AgentArgs) -> anyhow::Result<std::path::PathBuf> {
+    let env = |n: &str| std::env::var_os(n).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    a.config_file
+        .clone()
+        .or_else(|| env("MIG_PARTED_CONFIG_FILE"))
+        .or_else(|| env("CONFIG_FILE"))
+        .context("the agent needs its config file: -f/--config-file FILE (or MIG_PARTED_CONFIG_FILE)")
+}
+
+/// The config file (set by [`run`] before anything reads it).
+fn config_of(a: &AgentArgs) -> &std::path::Path {
+    a.config_file.as_deref().unwrap_or(std::path::Path::new(""))
 }
 
 /// Reads the desired state; `None` while the Node has not been seen yet. The flag says whether
 /// the force annotation asked for this change.
 fn read_desired(mode: &Mode, a: &AgentArgs) -> Option<(reconcile::Desired, bool)> {
     match mode {
-        Mode::File(src) => Some((source::desired(src, a.default_layout.as_deref(), &a.config_file), false)),
+        Mode::File(src) => Some((source::desired(src, a.default_layout.as_deref(), config_of(a)), false)),
         Mode::Kube { watch, .. } => {
             let view = watch.view();
             if !view.seen {
@@ -163,7 +196,11 @@ fn read_desired(mode: &Mode, a: &AgentArgs) -> Option<(reconcile::Desired, bool)
             let label = view.labels.get(&a.label_key).cloned();
             let src = LayoutSource::External(label);
             let forced = view.annotations.get(crate::kube::keys::FORCE).is_some_and(|v| v == "true");
-            Some((source::desired(&src, a.default_layout.as_deref(), &a.config_file), forced))
+            let mut desired = source::desired(&src, a.default_layout.as_deref(), config_of(a));
+            if desired.layout.is_none() {
+                desired.idle_reason = format!("no layout requested: the node has no {} label", a.label_key);
+            }
+            Some((desired, forced))
         }
     }
 }
@@ -218,7 +255,7 @@ async fn async_main(
         mps: mps.clone(),
         pods: pod_source.clone(),
         summaries,
-        config: a.config_file.clone(),
+        config: config_of(&a).to_path_buf(),
     };
     spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
@@ -230,7 +267,7 @@ async fn async_main(
         Mode::File(src) => src.clone(),
         Mode::Kube { .. } => LayoutSource::External(None),
     };
-    spawn_file_watch(tx, watched, a.config_file.clone(), a.poll_interval);
+    spawn_file_watch(tx, watched, config_of(&a).to_path_buf(), a.poll_interval);
 
     let settings = Settings {
         force: a.force,
@@ -283,7 +320,7 @@ async fn async_main(
         let mut run_settings = settings;
         run_settings.force |= forced;
         let (m, p, pods) = (mps.clone(), plugin.clone(), pod_source.clone());
-        let result = tokio::task::spawn_blocking(move || {
+        let mut task = tokio::task::spawn_blocking(move || {
             let edges = reconcile::Edges {
                 clients: clients.as_deref().map(|c| c as &dyn reconcile::Clients),
                 mps: Some(&m),
@@ -291,9 +328,29 @@ async fn async_main(
                 allocations: pods.as_deref().map(|s| s as &dyn crate::kubelet::pod_resources::AllocationSource),
             };
             reconcile(b.as_ref(), &desired, run_settings, &edges, &mut |pending| r.publish(pending))
-        })
-        .await
-        .context("the reconcile task panicked")?;
+        });
+        // SIGTERM is honoured while a reconcile runs, whatever it waits on: the change gets a
+        // short grace to finish, then the agent exits (the next start resumes from the GPUs).
+        let mut changed_meanwhile = false;
+        let result = loop {
+            tokio::select! {
+                done = &mut task => break done.context("the reconcile task panicked")?,
+                wake = rx.recv() => match wake {
+                    Some(Wake::Changed) => changed_meanwhile = true,
+                    Some(Wake::Shutdown) | None => {
+                        if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
+                            tracing::warn!(
+                                grace_secs = SHUTDOWN_GRACE.as_secs(),
+                                "shutting down with a change under way; the next start picks it up"
+                            );
+                        } else {
+                            tracing::info!("shutting down");
+                        }
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                },
+            }
+        };
         if let Some(serving) = &result.serving {
             supervisor.lock().unwrap_or_else(|e| e.into_inner()).watch(serving.clone());
         } else if result.status.state == Phase::Idle {
@@ -324,7 +381,7 @@ async fn async_main(
         if status.state == Phase::Success {
             let _ = std::fs::remove_file(&a.reboot_guard);
         }
-        deadline = tokio::time::Instant::now() + wait;
+        deadline = tokio::time::Instant::now() + if changed_meanwhile { Duration::ZERO } else { wait };
         // The state and the summary of the GPUs as they are now go out in one write, so nobody
         // reads `success` next to the previous layout's free GPUs.
         if let Some(kube) = collector.summaries.clone() {
@@ -334,6 +391,7 @@ async fn async_main(
             }
         }
         reporter.publish(&status);
+        metrics.agent_status(&status);
         last_status = Some(status.clone());
         degraded = false;
         if collector.summaries.is_none() {
@@ -426,11 +484,14 @@ async fn supervise(ctx: &Supervision, base: Option<&status::AgentStatus>, degrad
         };
         if now_degraded {
             st.state = Phase::Failed;
+            st.failure = Some(status::Failure::Mps);
         }
+        metrics.agent_status(&st);
         reporter.publish_notice(&st, &notice);
     }
     if restarts.is_empty() && degraded && !now_degraded {
         reporter.publish(base);
+        metrics.agent_status(base);
     }
     now_degraded
 }
@@ -539,6 +600,7 @@ fn spawn_file_watch(tx: mpsc::Sender<Wake>, source: LayoutSource, config: std::p
 fn guard_tripped(guard: &std::path::Path, status: &mut status::AgentStatus) -> bool {
     if guard.exists() {
         status.state = Phase::Failed;
+        status.failure = Some(crate::agent::status::Failure::Reboot);
         status.reason = format!("MIG mode change did not take effect after rebooting ({})", status.reason);
         return true;
     }
@@ -548,6 +610,7 @@ fn guard_tripped(guard: &std::path::Path, status: &mut status::AgentStatus) -> b
         .and_then(|()| std::fs::write(guard, status.layout.as_deref().unwrap_or_default()));
     if let Err(e) = written {
         status.state = Phase::Failed;
+        status.failure = Some(crate::agent::status::Failure::Reboot);
         status.reason = format!("{}; not rebooting: cannot write {}: {e}", status.reason, guard.display());
         return true;
     }

@@ -2,7 +2,7 @@
 //! apply. Synchronous (NVML is blocking); the loop runs it on a blocking thread. Bad input never
 //! touches a GPU; a change that is needed is announced through `on_pending` before it starts.
 
-use super::status::{AgentStatus, Phase};
+use super::status::{AgentStatus, Failure, Phase};
 use crate::backend::GpuBackend;
 use crate::exec::{ExecError, ExecOptions, Outcome};
 use crate::kubelet::pod_resources::AllocationSource;
@@ -18,6 +18,8 @@ pub struct Desired {
     pub layout: Option<String>,
     /// The config file's text, or why it could not be read.
     pub config: Result<String, String>,
+    /// Why no layout is requested (when `layout` is `None`), e.g. a layout file that is missing.
+    pub idle_reason: String,
 }
 
 /// Settings of a reconcile.
@@ -111,8 +113,8 @@ pub struct Reconciled {
     pub serving: Option<Vec<Watch>>,
 }
 
-fn failed(layout: &Option<String>, reason: String, retry: bool) -> Reconciled {
-    Reconciled { status: AgentStatus::new(Phase::Failed, layout.clone(), reason), retry, serving: None }
+fn failed(layout: &Option<String>, kind: Failure, reason: String, retry: bool) -> Reconciled {
+    Reconciled { status: AgentStatus::failed(layout.clone(), kind, reason), retry, serving: None }
 }
 
 /// Runs one reconcile.
@@ -125,7 +127,7 @@ pub fn reconcile(
 ) -> Reconciled {
     let Some(name) = &desired.layout else {
         return Reconciled {
-            status: AgentStatus::new(Phase::Idle, None, "no layout requested"),
+            status: AgentStatus::new(Phase::Idle, None, desired.idle_reason.clone()),
             retry: false,
             serving: None,
         };
@@ -133,15 +135,16 @@ pub fn reconcile(
     let layout = &desired.layout;
     let text = match &desired.config {
         Ok(t) => t,
-        Err(e) => return failed(layout, format!("cannot read the config file: {e}"), false),
+        Err(e) => return failed(layout, Failure::Config, format!("cannot read the config file: {e}"), false),
     };
     let file = match crate::config::parse(text) {
         Ok(f) => f,
-        Err(e) => return failed(layout, format!("invalid config file: {e}"), false),
+        Err(e) => return failed(layout, Failure::Config, format!("invalid config file: {e}"), false),
     };
     let Some(config) = file.get(name) else {
         return failed(
             layout,
+            Failure::Config,
             format!("unknown layout '{name}'; the config file has: {}", file.names().join(", ")),
             false,
         );
@@ -154,18 +157,13 @@ pub fn reconcile(
     });
     let Planned { jobs, mps_plans, .. } = match planned {
         Ok(p) => p,
-        Err(PassError::Observe(e)) => return failed(layout, format!("reading the GPUs: {e}"), true),
-        Err(PassError::Prepare(e)) => return failed(layout, e.problems.join("; "), e.blocked),
-        Err(e) => return failed(layout, e.to_string(), true),
+        Err(PassError::Observe(e)) => return failed(layout, Failure::Gpu, format!("reading the GPUs: {e}"), true),
+        Err(PassError::Prepare(e)) => {
+            let kind = if e.blocked { Failure::Busy } else { Failure::Config };
+            return failed(layout, kind, e.problems.join("; "), e.blocked);
+        }
+        Err(e) => return failed(layout, Failure::Gpu, e.to_string(), true),
     };
-    if !jobs.is_empty() && jobs.iter().all(|j| matches!(j.target, crate::prepare::Target::Leave { .. })) {
-        let models: Vec<String> = jobs.iter().map(|j| j.state.info.model.clone()).collect();
-        return failed(
-            layout,
-            format!("layout '{name}' has no entry for this node's GPUs ({})", models.join(", ")),
-            false,
-        );
-    }
     let serving: Vec<Watch> = jobs
         .iter()
         .filter_map(|j| match crate::mps::node::want(j) {
@@ -213,7 +211,12 @@ pub fn reconcile(
             }
             Err(PauseError::NotStopped(why)) => {
                 c.resume();
-                return failed(layout, format!("GPU clients did not stop, nothing was changed: {why}"), true);
+                return failed(
+                    layout,
+                    Failure::Clients,
+                    format!("GPU clients did not stop, nothing was changed: {why}"),
+                    true,
+                );
             }
         }
     }
@@ -244,7 +247,8 @@ pub fn reconcile(
             let st = AgentStatus::new(Phase::Rebooting, layout.clone(), reason);
             return done(with_counts(st, ms), false);
         }
-        return done(with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms), false);
+        return done(with_counts(AgentStatus::failed(layout.clone(), Failure::Reboot, reason), ms), false);
     }
-    done(with_counts(AgentStatus::new(Phase::Failed, layout.clone(), reason), ms), true)
+    let kind = if errors.is_empty() { Failure::Mps } else { Failure::Gpu };
+    done(with_counts(AgentStatus::failed(layout.clone(), kind, reason), ms), true)
 }

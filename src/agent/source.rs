@@ -16,26 +16,43 @@ pub enum LayoutSource {
     External(Option<String>),
 }
 
-/// Reads the layout name (`default` when none is found).
-pub fn layout_name(source: &LayoutSource, default: Option<&str>) -> Result<Option<String>, String> {
-    let name = match source {
-        LayoutSource::Fixed(n) => Some(n.clone()),
-        LayoutSource::External(n) => n.clone(),
+/// Reads the layout name (`default` when none is found); without one, says why there is none.
+pub fn layout_name(source: &LayoutSource, default: Option<&str>) -> Result<Result<String, String>, String> {
+    let found = match source {
+        LayoutSource::Fixed(n) => Ok(n.clone()),
+        LayoutSource::External(n) => n.clone().ok_or_else(|| "no layout requested".to_string()),
         LayoutSource::File(p) => match std::fs::read_to_string(p) {
-            Ok(t) => t.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Ok(t) => {
+                t.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string).ok_or_else(
+                    || {
+                        format!(
+                            "no layout requested: layout file {} holds no layout name (only blank or comment lines)",
+                            p.display()
+                        )
+                    },
+                )
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(format!("no layout requested: layout file {} does not exist", p.display()))
+            }
             Err(e) => return Err(format!("reading layout file {}: {e}", p.display())),
         },
     };
-    Ok(name.filter(|n| !n.is_empty()).or_else(|| default.map(str::to_string)))
+    Ok(found.and_then(|n| if n.is_empty() { Err("the layout name is empty".into()) } else { Ok(n) }).or_else(|why| {
+        match default {
+            Some(d) => Ok(d.to_string()),
+            None => Err(why),
+        }
+    }))
 }
 
 /// Reads everything the reconcile needs.
 pub fn desired(source: &LayoutSource, default: Option<&str>, config: &Path) -> Desired {
     let config_text = std::fs::read_to_string(config).map_err(|e| format!("{}: {e}", config.display()));
     match layout_name(source, default) {
-        Ok(layout) => Desired { layout, config: config_text },
-        Err(e) => Desired { layout: Some(String::new()), config: Err(e) },
+        Ok(Ok(name)) => Desired { layout: Some(name), config: config_text, idle_reason: String::new() },
+        Ok(Err(why)) => Desired { layout: None, config: config_text, idle_reason: why },
+        Err(e) => Desired { layout: Some(String::new()), config: Err(e), idle_reason: String::new() },
     }
 }
 
@@ -59,13 +76,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("layout");
         let src = LayoutSource::File(f.clone());
-        assert_eq!(layout_name(&src, Some("all-disabled")).unwrap().as_deref(), Some("all-disabled"));
-        assert_eq!(layout_name(&src, None).unwrap(), None);
+        assert_eq!(layout_name(&src, Some("all-disabled")).unwrap().as_deref(), Ok("all-disabled"));
+        let why = layout_name(&src, None).unwrap().unwrap_err();
+        assert!(why.contains("does not exist") && why.contains(&f.display().to_string()), "{why}");
+        std::fs::write(&f, "# only a comment\n\n").unwrap();
+        assert!(layout_name(&src, None).unwrap().unwrap_err().contains("holds no layout name"));
         std::fs::write(&f, "# comment\n\n  all-balanced \nother\n").unwrap();
-        assert_eq!(layout_name(&src, None).unwrap().as_deref(), Some("all-balanced"));
+        assert_eq!(layout_name(&src, None).unwrap().as_deref(), Ok("all-balanced"));
         let before = fingerprint(&src, &f);
         std::fs::write(&f, "x\n").unwrap();
         assert_ne!(before, fingerprint(&src, &f));
-        assert_eq!(layout_name(&LayoutSource::Fixed("a".into()), Some("b")).unwrap().as_deref(), Some("a"));
+        assert_eq!(layout_name(&LayoutSource::Fixed("a".into()), Some("b")).unwrap().as_deref(), Ok("a"));
     }
 }

@@ -39,6 +39,43 @@ impl Phase {
     }
 }
 
+/// What kind of trouble a `failed` state is, for alerts (`gpupart_agent_failures_total{reason}`)
+/// and the status file's `failure` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// The config file is unreadable or invalid, the layout unknown, or it cannot apply here.
+    Config,
+    /// Busy instances are in the way (`--force` would destroy them).
+    Busy,
+    /// NVML (or the simulator) failed.
+    Gpu,
+    /// The GPU Operator's clients did not stop (or the API could not be asked).
+    Clients,
+    /// A MIG mode needs a reboot, and rebooting is not allowed or did not help.
+    Reboot,
+    /// An MPS daemon could not be started, changed or restarted.
+    Mps,
+}
+
+impl Failure {
+    /// Every kind, in documentation order.
+    pub const ALL: [Failure; 6] =
+        [Failure::Config, Failure::Busy, Failure::Gpu, Failure::Clients, Failure::Reboot, Failure::Mps];
+
+    /// The label value (`config`, `busy`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Config => "config",
+            Failure::Busy => "busy",
+            Failure::Gpu => "gpu",
+            Failure::Clients => "clients",
+            Failure::Reboot => "reboot",
+            Failure::Mps => "mps",
+        }
+    }
+}
+
 /// The agent's published state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AgentStatus {
@@ -58,6 +95,9 @@ pub struct AgentStatus {
     pub duration_ms: u64,
     /// Consecutive failed attempts.
     pub attempts: u32,
+    /// The kind of failure (only with `failed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
     /// Seconds until the next retry, after a failure.
     pub next_retry_secs: Option<u64>,
     /// Unix time of this status.
@@ -65,6 +105,13 @@ pub struct AgentStatus {
 }
 
 impl AgentStatus {
+    /// A `failed` status of this kind.
+    pub fn failed(layout: Option<String>, failure: Failure, reason: impl Into<String>) -> Self {
+        let mut st = Self::new(Phase::Failed, layout, reason);
+        st.failure = Some(failure);
+        st
+    }
+
     /// A status with the given phase, layout and reason; counters zero.
     pub fn new(state: Phase, layout: Option<String>, reason: impl Into<String>) -> Self {
         Self {
@@ -76,6 +123,7 @@ impl AgentStatus {
             created: 0,
             duration_ms: 0,
             attempts: 0,
+            failure: None,
             next_retry_secs: None,
             updated_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         }

@@ -30,6 +30,31 @@ fn to_process(p: &SimProcess) -> Process {
     Process { pid: p.pid, name: p.name.clone(), used_memory_mib: p.used_memory_mib }
 }
 
+/// An existing state file is reused as it is; a `--simulate` that describes other GPUs is
+/// refused rather than silently ignored.
+fn check_spec_matches(spec: &str, state: &SimState, path: &Path) -> Result<(), BackendError> {
+    let parsed = crate::mig::sim::parse_spec(spec).map_err(|e| BackendError::Unavailable(e.to_string()))?;
+    let asked: Vec<&str> = parsed.iter().flat_map(|(m, n)| std::iter::repeat_n(m.id, *n as usize)).collect();
+    let held: Vec<&str> = state.gpus.iter().map(|g| g.model.as_str()).collect();
+    if asked == held {
+        return Ok(());
+    }
+    let mut runs: Vec<(&str, u32)> = Vec::new();
+    for m in &held {
+        match runs.last_mut() {
+            Some((last, n)) if last == m => *n += 1,
+            _ => runs.push((m, 1)),
+        }
+    }
+    let holds: Vec<String> = runs.iter().map(|(m, n)| format!("{m}:{n}")).collect();
+    Err(BackendError::Unavailable(format!(
+        "--simulate {spec} does not match the existing state file {}, which holds {}: leave --simulate out to \
+         use the file, or remove the file to start from --simulate",
+        path.display(),
+        holds.join(",")
+    )))
+}
+
 impl SimBackend {
     /// A backend over `state`, saved to `path` after each change when given.
     pub fn new(state: SimState, path: Option<PathBuf>) -> Self {
@@ -46,7 +71,13 @@ impl SimBackend {
     /// `spec` (saved to the file when one is named).
     pub fn open(spec: Option<&str>, path: Option<&Path>) -> Result<Self, BackendError> {
         let state = match path {
-            Some(p) if p.exists() => store::load(p).map_err(|e| BackendError::Unavailable(e.to_string()))?,
+            Some(p) if p.exists() => {
+                let state = store::load(p).map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                if let Some(spec) = spec {
+                    check_spec_matches(spec, &state, p)?;
+                }
+                state
+            }
             _ => {
                 let spec = spec.ok_or_else(|| {
                     BackendError::Unavailable(format!(

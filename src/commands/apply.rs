@@ -2,7 +2,7 @@
 //! then execute concurrently and report per GPU.
 
 use super::{open_backend, read_config};
-use crate::cli::{ApplyArgs, GlobalArgs};
+use crate::cli::{ApplyArgs, GpuOptions};
 use crate::exec::{ExecOptions, GpuReport, Outcome};
 use crate::prepare::{Job, Target};
 use crate::reconfigure::{self, Options, PassError};
@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 /// Runs `apply`.
-pub fn run(g: &GlobalArgs, a: &ApplyArgs) -> anyhow::Result<ExitCode> {
+pub fn run(g: &GpuOptions, a: &ApplyArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config.config_file)?;
     let config = file.choose(a.config.selected_config.as_deref())?;
     let hooks = match &a.hooks_file {
@@ -49,7 +49,7 @@ fn hook_settings(a: &ApplyArgs, config: &str, debug: bool) -> Vec<(String, Strin
 }
 
 fn apply_with_hooks(
-    g: &GlobalArgs,
+    g: &GpuOptions,
     a: &ApplyArgs,
     config: &crate::config::MigConfig,
     hooks: Option<&crate::hooks::Hooks>,
@@ -94,7 +94,7 @@ fn apply_with_hooks(
         let done = pass.mps.iter().find(|r| r.gpu == report.gpu);
         render_mps(&mut out, plan, done, a.dry_run);
     }
-    print!("{out}");
+    out!("{out}");
     let failed = pass.failed();
     let changed = pass
         .reports
@@ -115,9 +115,9 @@ fn apply_with_hooks(
         return Ok(ExitCode::FAILURE);
     }
     if a.dry_run {
-        println!("dry run, nothing was changed: {totals}");
+        outln!("dry run, nothing was changed: {totals}");
     } else {
-        println!("MIG configuration applied successfully ({totals})");
+        outln!("MIG configuration applied successfully ({totals})");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! `gpupart assert`: exit 0 iff the selected config is applied, else the first difference.
 
 use super::{open_backend, read_config};
-use crate::cli::{AssertArgs, GlobalArgs};
+use crate::cli::{AssertArgs, GpuOptions};
 use crate::layout::DesiredDevices;
 use crate::observed::GpuState;
 use crate::prepare::{targets, Target};
@@ -53,11 +53,11 @@ pub fn first_difference(states: &[GpuState], targets: &[Target], mode_only: bool
 }
 
 /// Runs `assert`.
-pub fn run(g: &GlobalArgs, a: &AssertArgs) -> anyhow::Result<ExitCode> {
+pub fn run(g: &GpuOptions, a: &AssertArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config.config_file)?;
     let config = file.choose(a.config.selected_config.as_deref())?;
     if a.valid_config {
-        println!("Selected MIG configuration '{}' is valid", config.name);
+        outln!("Selected MIG configuration '{}' is valid", config.name);
         return Ok(ExitCode::SUCCESS);
     }
     let backend = open_backend(g)?;
@@ -68,7 +68,7 @@ pub fn run(g: &GlobalArgs, a: &AssertArgs) -> anyhow::Result<ExitCode> {
     };
     match diff {
         None => {
-            println!("Selected MIG configuration currently applied");
+            outln!("Selected MIG configuration currently applied");
             Ok(ExitCode::SUCCESS)
         }
         Some(d) => {

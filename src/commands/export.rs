@@ -3,7 +3,7 @@
 //! nodes, and (in YAML) each GPU's placements are kept as comments mig-parted ignores.
 
 use super::open_backend;
-use crate::cli::{ExportArgs, ExportFormat, GlobalArgs};
+use crate::cli::{ExportArgs, ExportFormat, GpuOptions};
 use crate::observed::GpuState;
 use anyhow::Context;
 use serde_json::{json, Map, Value};
@@ -132,13 +132,13 @@ fn json_doc(label: &str, entries: &[Entry]) -> Value {
 }
 
 /// Runs `export`.
-pub fn run(g: &GlobalArgs, a: &ExportArgs) -> anyhow::Result<ExitCode> {
+pub fn run(g: &GpuOptions, a: &ExportArgs) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
     let states = backend.observe_all().context("reading the GPUs")?;
     let entries = entries(&states);
     match a.output {
-        ExportFormat::Yaml => print!("{}", yaml(&a.label, &entries)),
-        ExportFormat::Json => println!("{}", serde_json::to_string_pretty(&json_doc(&a.label, &entries))?),
+        ExportFormat::Yaml => out!("{}", yaml(&a.label, &entries)),
+        ExportFormat::Json => outln!("{}", serde_json::to_string_pretty(&json_doc(&a.label, &entries))?),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! `gpupart frag`: fragmentation figures of every GPU and of the node (docs/fragmentation.md).
 
 use super::{open_backend, read_config};
-use crate::cli::{FragArgs, GlobalArgs, StatusFormat};
+use crate::cli::{FragArgs, GpuOptions, StatusFormat};
 use crate::frag::{node_frag, GpuFrag, NodeFrag, Workload};
 use anyhow::Context;
 use serde::Serialize;
@@ -106,13 +106,13 @@ fn cluster_table(c: &crate::frag::cluster::ClusterFrag) -> String {
 }
 
 /// Runs `frag`.
-pub fn run(g: &GlobalArgs, a: &FragArgs) -> anyhow::Result<ExitCode> {
+pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
     if a.cluster {
         let nodes = crate::kube::cluster::read_node_annotations(&format!("{}fragmentation", a.annotation_prefix))?;
         let c = crate::frag::cluster::cluster(&nodes)?;
         match a.output {
-            StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&c)?),
-            StatusFormat::Table => print!("{}", cluster_table(&c)),
+            StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&c)?),
+            StatusFormat::Table => out!("{}", cluster_table(&c)),
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -127,8 +127,8 @@ pub fn run(g: &GlobalArgs, a: &FragArgs) -> anyhow::Result<ExitCode> {
     let gpus: Vec<GpuFrag> = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
     let doc = FragDoc { node: node_frag(&gpus), gpus };
     match a.output {
-        StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
-        StatusFormat::Table => print!("{}", table(&doc)),
+        StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
+        StatusFormat::Table => out!("{}", table(&doc)),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,15 @@
 //! The verbs: each reads its inputs, calls the pure core and a backend, and prints.
 
+/// `print!` that returns [`StdoutClosed`] (through `?`) when the reader went away.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::commands::write_stdout(&format!($($t)*))? };
+}
+
+/// `println!` that returns [`StdoutClosed`] (through `?`) when the reader went away.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::commands::write_stdout(&format!("{}\n", format!($($t)*)))? };
+}
+
 mod apply;
 mod assert;
 mod export;
@@ -11,7 +21,7 @@ mod validate;
 use crate::backend::nvml::NvmlBackend;
 use crate::backend::sim::SimBackend;
 use crate::backend::GpuBackend;
-use crate::cli::{Cli, Command, GlobalArgs};
+use crate::cli::{Cli, Command, GpuArgs, GpuOptions};
 use crate::config::{self, ConfigFile};
 use anyhow::Context;
 use std::io::Read;
@@ -21,20 +31,38 @@ use std::time::Duration;
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    match cli.command {
-        Command::Apply(a) => apply::run(&cli.global, &a),
-        Command::Assert(a) => assert::run(&cli.global, &a),
-        Command::Export(a) => export::run(&cli.global, &a),
-        Command::Validate(a) => validate::run(&cli.global, &a),
-        Command::Status(a) => status::run(&cli.global, &a),
-        Command::Agent(a) => crate::agent::run(&cli.global, &a),
-        Command::Frag(a) => frag::run(&cli.global, &a),
-        Command::Plan(a) => plan::run(&a),
+    let top = &cli.gpu;
+    let debug = cli.global.debug;
+    let gpu = |verb: &GpuArgs| verb.resolve(top, debug).map_err(anyhow::Error::msg);
+    match &cli.command {
+        Command::Apply(a) => apply::run(&gpu(&a.gpu)?, a),
+        Command::Assert(a) => assert::run(&gpu(&a.gpu)?, a),
+        Command::Export(a) => export::run(&gpu(&a.gpu)?, a),
+        Command::Status(a) => status::run(&gpu(&a.gpu)?, a),
+        Command::Agent(a) => crate::agent::run(&gpu(&a.gpu)?, a),
+        Command::Frag(a) => frag::run(&gpu(&a.gpu)?, a),
+        Command::Validate(a) => {
+            offline("validate", top, &["--simulate"]);
+            validate::run(top.simulate.as_deref(), a)
+        }
+        Command::Plan(a) => {
+            offline("plan", top, &[]);
+            plan::run(a)
+        }
+    }
+}
+
+/// Warns about GPU options (given before the verb) that an offline verb ignores; after the
+/// verb they are not offered at all.
+fn offline(verb: &str, top: &GpuArgs, used: &[&str]) {
+    let ignored: Vec<_> = top.given().into_iter().filter(|o| !used.contains(o)).collect();
+    if !ignored.is_empty() {
+        tracing::warn!("{} ignored: `{verb}` reads no GPU", ignored.join(", "));
     }
 }
 
 /// Opens the GPU backend the global options ask for.
-pub fn open_backend(g: &GlobalArgs) -> anyhow::Result<Box<dyn GpuBackend>> {
+pub fn open_backend(g: &GpuOptions) -> anyhow::Result<Box<dyn GpuBackend>> {
     if g.simulate.is_none() && g.sim_state.is_none() {
         let backend = NvmlBackend::open(g.nvml_lib.as_deref(), g.nvidia_smi.as_deref())
             .context("no GPU backend (pass --simulate MODEL:COUNT to use simulated GPUs)")?;
@@ -74,4 +102,21 @@ pub fn read_input(path: &Path, what: &str) -> anyhow::Result<(String, String)> {
 pub fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
     let (text, name) = read_input(path, "config file")?;
     config::parse(&text).with_context(|| format!("invalid config file {name}"))
+}
+
+/// Standard output was closed by its reader (`gpupart status | head -1`): the verb stops
+/// quietly instead of failing.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output was closed")]
+pub struct StdoutClosed;
+
+/// Writes `text` to standard output; a closed pipe is [`StdoutClosed`], other failures errors.
+pub fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("writing to standard output")),
+    }
 }

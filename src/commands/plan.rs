@@ -58,6 +58,6 @@ pub fn run(a: &PlanArgs) -> anyhow::Result<ExitCode> {
         PlanFormat::Yaml => render::kube_yaml(&doc),
         PlanFormat::Json => serde_json::to_string_pretty(&doc).context("rendering the plan as JSON")? + "\n",
     };
-    print!("{out}");
+    out!("{out}");
     Ok(ExitCode::SUCCESS)
 }

@@ -2,7 +2,7 @@
 //! stable JSON schema documented in docs/status-json.md.
 
 use super::open_backend;
-use crate::cli::{GlobalArgs, StatusArgs, StatusFormat};
+use crate::cli::{GpuOptions, StatusArgs, StatusFormat};
 use crate::mig::capacity::Occupancy;
 use crate::mig::Placement;
 use crate::observed::{GpuState, MigMode, Process};
@@ -152,7 +152,8 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
                     });
                 }
             }
-            let free = s.info.mig_capable.then(|| {
+            instances.sort_by_key(|i| (i.placement.start, i.gpu_instance_id, i.compute_instance_id));
+            let free = (s.info.mig_capable && s.mig_mode.current).then(|| {
                 let occ = Occupancy::of(&s.profiles, s.instances.iter().map(|g| (g.profile_id, g.placement)));
                 FreeStatus {
                     memory_slices: occ.free_memory_slices(&s.profiles),
@@ -201,8 +202,7 @@ fn table(doc: &StatusDoc) -> String {
         };
         let _ = writeln!(out, "GPU {}  {}  {}  {}  {}", g.index, g.model, g.uuid, g.bus_id, mode);
         if !g.instances.is_empty() {
-            let _ =
-                writeln!(out, "  {:<12} {:<9} {:>3} {:>3}  {:<40}  BUSY", "PROFILE", "PLACEMENT", "GI", "CI", "UUID");
+            let _ = writeln!(out, "  {:<18} {:>3} {:>3}  {:<40}  BUSY", "INSTANCE", "GI", "CI", "UUID");
             for i in &g.instances {
                 let busy = if i.busy {
                     let mut users: Vec<String> = i.processes.iter().map(|p| format!("pid {}", p.pid)).collect();
@@ -213,9 +213,8 @@ fn table(doc: &StatusDoc) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "  {:<12} {:<9} {:>3} {:>3}  {:<40}  {busy}",
-                    i.profile,
-                    i.placement.to_string(),
+                    "  {:<18} {:>3} {:>3}  {:<40}  {busy}",
+                    format!("{}@{}", i.profile, i.placement.start),
                     i.gpu_instance_id,
                     i.compute_instance_id.map_or("-".to_string(), |c| c.to_string()),
                     i.uuid.as_deref().unwrap_or("-"),
@@ -271,7 +270,7 @@ fn table(doc: &StatusDoc) -> String {
 }
 
 /// Runs `status`.
-pub fn run(g: &GlobalArgs, a: &StatusArgs) -> anyhow::Result<ExitCode> {
+pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
     let mut states = backend.observe_all().context("reading the GPUs")?;
     let (uses, source) = crate::kubelet::pod_resources::PodResources::from_args(g).probe();
@@ -280,8 +279,8 @@ pub fn run(g: &GlobalArgs, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let mut doc = status_doc(&states, Some(&mps));
     doc.pod_resources = Some(source);
     match a.output {
-        StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&doc)?),
-        StatusFormat::Table => print!("{}", table(&doc)),
+        StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
+        StatusFormat::Table => out!("{}", table(&doc)),
     }
     Ok(ExitCode::SUCCESS)
 }

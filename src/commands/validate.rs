@@ -1,15 +1,15 @@
 //! `gpupart validate`: offline check of a config file; lists every problem.
 
 use super::read_config;
-use crate::cli::{GlobalArgs, ValidateArgs};
+use crate::cli::ValidateArgs;
 use crate::mig::catalog::Model;
 use crate::mig::sim::parse_spec;
 use std::process::ExitCode;
 
 /// Runs `validate`.
-pub fn run(g: &GlobalArgs, a: &ValidateArgs) -> anyhow::Result<ExitCode> {
+pub fn run(simulate: Option<&str>, a: &ValidateArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config_file)?;
-    let spec = a.gpu.as_deref().or(g.simulate.as_deref());
+    let spec = a.gpu.as_deref().or(simulate);
     let node: Option<Vec<&'static Model>> = match spec {
         Some(s) => Some(parse_spec(s)?.into_iter().flat_map(|(m, n)| std::iter::repeat_n(m, n as usize)).collect()),
         None => None,
@@ -17,7 +17,7 @@ pub fn run(g: &GlobalArgs, a: &ValidateArgs) -> anyhow::Result<ExitCode> {
     let found =
         crate::validate::validate(&file, a.selected_config.as_deref(), node.as_deref()).map_err(anyhow::Error::msg)?;
     for w in &found.warnings {
-        println!("warning: {w}");
+        outln!("warning: {w}");
     }
     let mut problems = found.problems;
     if a.strict {
@@ -29,11 +29,11 @@ pub fn run(g: &GlobalArgs, a: &ValidateArgs) -> anyhow::Result<ExitCode> {
         None => "every catalog model".to_string(),
     };
     if problems.is_empty() {
-        println!("OK: {checked} config(s) checked against {against}, {} warning(s)", found.warnings.len());
+        outln!("OK: {checked} config(s) checked against {against}, {} warning(s)", found.warnings.len());
         return Ok(ExitCode::SUCCESS);
     }
     for p in &problems {
-        println!("{p}");
+        outln!("{p}");
     }
     eprintln!("error: {} problem(s) in {checked} config(s) checked against {against}", problems.len());
     Ok(ExitCode::FAILURE)

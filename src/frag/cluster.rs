@@ -62,13 +62,18 @@ pub fn cluster(nodes: &[(String, Option<String>)]) -> Result<ClusterFrag, Annota
         };
         let bad = |message: String| AnnotationError { node: name.clone(), message };
         let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(format!("invalid JSON: {e}")))?;
-        let num =
-            |k: &str| v[k].as_f64().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| bad(format!("missing '{k}'")));
+        // Agents before 0.2 wrote `fragGpus` and `unallocGpus`; their annotations still read.
+        let num = |k: &str, old: &str| {
+            v[k].as_f64()
+                .or_else(|| v[old].as_f64())
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| bad(format!("missing '{k}'")))
+        };
         let e = NodeEntry {
             name: name.clone(),
-            ratio: num("ratio")?,
-            fragmented_gpus: num("fragGpus")?,
-            unallocated_gpus: num("unallocGpus")?,
+            ratio: num("ratio", "ratio")?,
+            fragmented_gpus: num("fragmentedGpus", "fragGpus")?,
+            unallocated_gpus: num("unallocatedGpus", "unallocGpus")?,
             whole_free_gpus: v["wholeFreeGpus"].as_u64().unwrap_or(0),
         };
         out.fragmented_gpus += e.fragmented_gpus;
@@ -89,7 +94,7 @@ mod tests {
     #[test]
     fn totals_weigh_nodes_by_their_free_capacity() {
         let a = r#"{"ratio":0.5,"fragGpus":1.0,"unallocGpus":2.0,"wholeFreeGpus":0}"#;
-        let b = r#"{"ratio":0.0,"fragGpus":0.0,"unallocGpus":6.0,"wholeFreeGpus":6}"#;
+        let b = r#"{"ratio":0.0,"fragmentedGpus":0.0,"unallocatedGpus":6.0,"wholeFreeGpus":6}"#;
         let c = cluster(&[("a".into(), Some(a.into())), ("b".into(), Some(b.into())), ("c".into(), None)]).unwrap();
         assert_eq!(c.nodes.len(), 2);
         assert_eq!(c.without_agent, vec!["c"]);

@@ -50,8 +50,8 @@ pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, config
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
     let fragmentation = json!({
         "ratio": round(node.fragmentation_ratio),
-        "fragGpus": round(node.fragmented_gpus),
-        "unallocGpus": round(node.unallocated_gpus),
+        "fragmentedGpus": round(node.fragmented_gpus),
+        "unallocatedGpus": round(node.unallocated_gpus),
         "wholeFreeGpus": node.whole_free_gpus,
         "workload": if configured_workload { "config" } else { "uniform-base-profiles" },
     });

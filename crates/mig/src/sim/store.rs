@@ -50,6 +50,15 @@ pub fn save(path: &Path, state: &SimState) -> Result<(), StoreError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
+/// Longest wait for the state file's lock: every change under it is short, so a lock held
+/// longer is a stuck or misconfigured holder, reported instead of waited on for ever.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The lock file that guards changes to the state file at `state`: `<stem>.lock` beside it.
+pub fn lock_path(state: &Path) -> std::path::PathBuf {
+    state.with_extension("lock")
+}
+
 /// A state file shared between processes (the CLI, the agent, the fake NVML library, test
 /// harnesses): re-read when another process changed it, and changed under an exclusive lock on a
 /// sibling `.lock` file so concurrent writers never lose each other's changes.
@@ -85,11 +94,24 @@ impl SharedFile {
     }
 
     fn lock(&self) -> Result<std::fs::File, StoreError> {
-        let lock_path = self.path.with_extension("lock");
+        let lock_path = lock_path(&self.path);
         let io = |source| StoreError::Io { path: lock_path.display().to_string(), source };
         let f = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(io)?;
-        f.lock().map_err(io)?;
-        Ok(f)
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match f.try_lock() {
+                Ok(()) => return Ok(f),
+                Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() >= deadline => {
+                    return Err(io(std::io::Error::other(format!(
+                        "still locked by another process after {} s (a change that never ends, or another lock \
+                         such as an agent's --lock-file on this file)",
+                        LOCK_WAIT.as_secs()
+                    ))));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
     }
 
     /// Replaces `state` with the file's content if another process changed the file.
