@@ -202,6 +202,81 @@ pub enum Command {
     Frag(FragArgs),
     /// Plan a cluster: node pools, MIG/MPS layouts, labels and taints from inference demand.
     Plan(PlanArgs),
+    /// Run the cluster controller: node layouts follow the pending GPU pods (docs/controller.md).
+    Controller(Box<ControllerArgs>),
+}
+
+/// `NAMESPACE/NAME` of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectName {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ObjectName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Parses `NAMESPACE/NAME`.
+pub fn parse_object_name(s: &str) -> Result<ObjectName, String> {
+    let valid = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    };
+    match s.split_once('/') {
+        Some((ns, name)) if valid(ns) && valid(name) => Ok(ObjectName { namespace: ns.into(), name: name.into() }),
+        _ => Err(format!("'{s}' is not NAMESPACE/NAME (lowercase letters, digits, '-' and '.')")),
+    }
+}
+
+/// `controller` options.
+#[derive(Debug, Args, Clone)]
+pub struct ControllerArgs {
+    /// Decide and report (logs, Events "will repartition node X: …"), change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Longest wait to batch pending pods after the first one; cut short after a quiet second.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub batch_window: std::time::Duration,
+    /// Nodes reconfiguring at once, counting those already under way.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_concurrent_nodes: u32,
+    /// A controller-made dedicated node without pods this long goes back to the shared pool.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub reclaim_after: std::time::Duration,
+    /// Least time between two changes of one node.
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub cooldown: std::time::Duration,
+    /// The agents' config: a ConfigMap whose `config.yaml` holds the hand-written layouts and
+    /// the generated ones; its annotation `gpupart.io/controller: off` pauses the controller.
+    #[arg(long, value_name = "NS/NAME", default_value = "gpupart/gpupart-layouts", value_parser = parse_object_name)]
+    pub layouts_configmap: ObjectName,
+    /// The leader-election Lease.
+    #[arg(long, value_name = "NS/NAME", default_value = "gpupart/gpupart-controller", value_parser = parse_object_name)]
+    pub lease: ObjectName,
+    /// Lease duration: a new leader takes over this long after the old one stopped renewing.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: std::time::Duration,
+    /// This replica's name in the Lease [default: $POD_NAME, else host name and pid].
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Re-evaluate this often even without changes (cool-downs, reclaim times).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub resync_interval: std::time::Duration,
+    /// Extended resource name of the agents' MPS slots.
+    #[arg(long, value_name = "NAME", default_value = crate::kubelet::device_plugin::DEFAULT_RESOURCE)]
+    pub mps_resource: String,
+    /// Client slots of an MPS daemon the controller asks for.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=48))]
+    pub mps_replicas: u32,
+    /// Listen address for /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:9478")]
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 /// Output format of `plan`.
@@ -291,6 +366,10 @@ pub struct AgentArgs {
     /// [env: MIG_PARTED_CONFIG_FILE, or CONFIG_FILE as NVIDIA's MIG manager names it].
     #[arg(short = 'f', long = "config-file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
+    /// Read the config from this ConfigMap's `config.yaml` through the API, watched, so a layout
+    /// `gpupart controller` writes is usable at once (Kubernetes mode; instead of `-f`).
+    #[arg(long, value_name = "NS/NAME", value_parser = parse_object_name, conflicts_with = "config_file")]
+    pub config_map: Option<ObjectName>,
     /// This node's name (Kubernetes mode).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,

@@ -46,6 +46,12 @@ impl Health {
     }
 }
 
+/// A metrics registry the HTTP server renders.
+pub trait Exposition: Send + Sync {
+    /// The OpenMetrics text (a consistent view).
+    fn render(&self) -> String;
+}
+
 /// Shared state of the HTTP handlers.
 #[derive(Clone)]
 pub struct HttpState {
@@ -54,7 +60,7 @@ pub struct HttpState {
     /// Longest acceptable loop silence before `/healthz` fails, seconds.
     pub max_silence_secs: u64,
     /// The metrics registry.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<dyn Exposition>,
 }
 
 async fn healthz(State(s): State<HttpState>) -> impl IntoResponse {
@@ -79,7 +85,10 @@ async fn metrics(State(s): State<HttpState>, headers: axum::http::HeaderMap) -> 
     if accept.contains("application/openmetrics-text") {
         ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
     } else {
-        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render_text())
+        (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            crate::metrics::to_text(&s.metrics.render()),
+        )
     }
 }
 

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod controller;
 pub mod exec;
 pub mod fleet;
 pub mod frag;

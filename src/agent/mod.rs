@@ -5,6 +5,7 @@
 //! SIGHUP and on change) and publishes to `--status-file`, logs and systemd.
 
 pub mod backoff;
+pub mod config_map;
 pub mod lock;
 pub mod notify;
 pub mod reconcile;
@@ -21,7 +22,7 @@ use anyhow::{bail, Context};
 use backoff::Backoff;
 use reconcile::{reconcile, Settings};
 use report::{Fanout, LogAndNotify, Reporter, StatusFile};
-use source::LayoutSource;
+use source::{ConfigSource, LayoutSource};
 use status::Phase;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -54,10 +55,24 @@ enum Mode {
     },
 }
 
+impl Mode {
+    /// The watched config ConfigMap (`--config-map`).
+    fn config_map(&self, config: &ConfigSource) -> Option<config_map::ConfigMapConfig> {
+        match (self, config) {
+            (Mode::Kube { .. }, ConfigSource::Map(m)) => Some(m.as_ref().clone()),
+            _ => None,
+        }
+    }
+}
+
 /// Runs the agent until SIGTERM/SIGINT.
 pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     let mut a = a.clone();
-    a.config_file = Some(config_path(&a)?);
+    if a.config_map.is_none() {
+        a.config_file = Some(config_path(&a)?);
+    } else if a.no_kube {
+        bail!("--config-map reads the config through the Kubernetes API; with --no-kube use -f FILE");
+    }
     let a = &a;
     let file_source = if a.no_kube {
         Some(match (&a.layout, &a.layout_file) {
@@ -80,7 +95,8 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         (None, Some(n)) => n.clone(),
         (None, None) => bail!("Kubernetes mode needs the node name: --node-name or NODE_NAME (downward API)"),
     };
-    let mut others = vec![("the config file", config_of(a).to_path_buf())];
+    let mut others: Vec<(&str, std::path::PathBuf)> =
+        a.config_file.iter().map(|f| ("the config file", f.clone())).collect();
     if let Some(state) = &g.sim_state {
         others.push(("the simulator's state file (--sim-state)", state.clone()));
         others.push(("the simulator's lock on its state file", crate::mig::sim::store::lock_path(state)));
@@ -96,6 +112,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let ended = runtime.block_on(async move {
         let (tx, rx) = mpsc::channel::<Wake>(8);
+        let mut config = ConfigSource::File(config_of(a).to_path_buf());
         let mut reporters: Vec<Box<dyn Reporter>> = vec![Box::new(LogAndNotify)];
         if let Some(p) = &a.status_file {
             reporters.push(Box::new(StatusFile { path: p.clone() }));
@@ -156,11 +173,28 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                         poll: Duration::from_millis(500),
                     },
                 ));
+                if let Some(name) = &a.config_map {
+                    let (ctx, mut crx) = mpsc::channel::<()>(8);
+                    config = ConfigSource::Map(Box::new(config_map::ConfigMapConfig::spawn(
+                        client.clone(),
+                        name.clone(),
+                        ctx,
+                    )));
+                    let forward = tx.clone();
+                    tokio::spawn(async move {
+                        while crx.recv().await.is_some() {
+                            tracing::info!("the config ConfigMap changed");
+                            if forward.send(Wake::Changed).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
         let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps, plugin, pod_source };
-        async_main(a.clone(), mode, backend, outputs, tx, rx).await
+        async_main(a.clone(), mode, config, backend, outputs, tx, rx).await
     });
     // A blocking task still running (a change past its grace) must not hold the exit up.
     runtime.shutdown_background();
@@ -183,11 +217,12 @@ fn config_of(a: &AgentArgs) -> &std::path::Path {
     a.config_file.as_deref().unwrap_or(std::path::Path::new(""))
 }
 
-/// Reads the desired state; `None` while the Node has not been seen yet. The flag says whether
-/// the force annotation asked for this change.
-fn read_desired(mode: &Mode, a: &AgentArgs) -> Option<(reconcile::Desired, bool)> {
+/// Reads the desired state; `None` while the Node (or the config ConfigMap) has not been seen
+/// yet. The flag says whether the force annotation asked for this change.
+fn read_desired(mode: &Mode, a: &AgentArgs, config: &ConfigSource) -> Option<(reconcile::Desired, bool)> {
+    let text = config.text()?;
     match mode {
-        Mode::File(src) => Some((source::desired(src, a.default_layout.as_deref(), config_of(a)), false)),
+        Mode::File(src) => Some((source::desired(src, a.default_layout.as_deref(), text), false)),
         Mode::Kube { watch, .. } => {
             let view = watch.view();
             if !view.seen {
@@ -196,7 +231,7 @@ fn read_desired(mode: &Mode, a: &AgentArgs) -> Option<(reconcile::Desired, bool)
             let label = view.labels.get(&a.label_key).cloned();
             let src = LayoutSource::External(label);
             let forced = view.annotations.get(crate::kube::keys::FORCE).is_some_and(|v| v == "true");
-            let mut desired = source::desired(&src, a.default_layout.as_deref(), config_of(a));
+            let mut desired = source::desired(&src, a.default_layout.as_deref(), text);
             if desired.layout.is_none() {
                 desired.idle_reason = format!("no layout requested: the node has no {} label", a.label_key);
             }
@@ -229,6 +264,7 @@ struct Outputs {
 async fn async_main(
     a: AgentArgs,
     mode: Mode,
+    config: ConfigSource,
     backend: Arc<dyn GpuBackend>,
     outputs: Outputs,
     tx: mpsc::Sender<Wake>,
@@ -255,7 +291,7 @@ async fn async_main(
         mps: mps.clone(),
         pods: pod_source.clone(),
         summaries,
-        config: config_of(&a).to_path_buf(),
+        config: config.clone(),
     };
     spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
@@ -267,7 +303,7 @@ async fn async_main(
         Mode::File(src) => src.clone(),
         Mode::Kube { .. } => LayoutSource::External(None),
     };
-    spawn_file_watch(tx, watched, config_of(&a).to_path_buf(), a.poll_interval);
+    spawn_file_watch(tx, watched, config.path().map(std::path::Path::to_path_buf), a.poll_interval);
 
     let settings = Settings {
         force: a.force,
@@ -307,11 +343,20 @@ async fn async_main(
             }
         }
         health.beat();
-        let Some((desired, forced)) = read_desired(&mode, &a) else {
-            tracing::info!("waiting for the node to be seen");
+        let Some((mut desired, mut forced)) = read_desired(&mode, &a, &config) else {
+            tracing::info!("waiting for the node (and the config ConfigMap) to be seen");
             deadline = tokio::time::Instant::now() + Duration::from_secs(1);
             continue;
         };
+        if let (Some(cm), Some(layout)) = (mode.config_map(&config), desired.layout.as_deref()) {
+            // The label may arrive before the ConfigMap's watch event: read it once more first.
+            if !layout_in(&desired.config, layout) {
+                cm.refresh().await;
+                if let Some(again) = read_desired(&mode, &a, &config) {
+                    (desired, forced) = again;
+                }
+            }
+        }
         let (b, r) = (backend.clone(), reporter.clone());
         let clients = match &mode {
             Mode::Kube { clients: Some(c), .. } => Some(c.clone()),
@@ -504,7 +549,16 @@ struct Collector {
     mps: crate::mps::Mps,
     pods: Option<Arc<crate::kubelet::pod_resources::Reported>>,
     summaries: Option<KubeReporter>,
-    config: std::path::PathBuf,
+    config: ConfigSource,
+}
+
+/// Whether the config text names `layout`.
+fn layout_in(config: &Result<String, String>, layout: &str) -> bool {
+    config
+        .as_ref()
+        .ok()
+        .and_then(|t| crate::config::parse(t).ok())
+        .is_some_and(|f| f.configs.iter().any(|c| c.name == layout))
 }
 
 /// Refreshes the metrics snapshot after every reconcile and every `every`; a scrape only renders it.
@@ -513,8 +567,10 @@ impl Collector {
     /// returns the node summary (Kubernetes mode). Blocking.
     fn collect(&self) -> Option<crate::kube::summary::Summary> {
         let t = std::time::Instant::now();
-        let workload = std::fs::read_to_string(&self.config)
-            .ok()
+        let workload = self
+            .config
+            .text()
+            .and_then(Result::ok)
             .and_then(|text| crate::config::parse(&text).ok())
             .map(|f| crate::frag::Workload { weights: f.workload });
         let mut states = match self.backend.observe_all() {
@@ -578,12 +634,12 @@ fn spawn_signals(tx: mpsc::Sender<Wake>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn spawn_file_watch(tx: mpsc::Sender<Wake>, source: LayoutSource, config: std::path::PathBuf, every: Duration) {
+fn spawn_file_watch(tx: mpsc::Sender<Wake>, source: LayoutSource, config: Option<std::path::PathBuf>, every: Duration) {
     tokio::spawn(async move {
-        let mut last = source::fingerprint(&source, &config);
+        let mut last = source::fingerprint(&source, config.as_deref());
         loop {
             tokio::time::sleep(every).await;
-            let now = source::fingerprint(&source, &config);
+            let now = source::fingerprint(&source, config.as_deref());
             if now != last {
                 last = now;
                 tracing::info!("the layout or config file changed");

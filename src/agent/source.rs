@@ -46,9 +46,35 @@ pub fn layout_name(source: &LayoutSource, default: Option<&str>) -> Result<Resul
     }))
 }
 
-/// Reads everything the reconcile needs.
-pub fn desired(source: &LayoutSource, default: Option<&str>, config: &Path) -> Desired {
-    let config_text = std::fs::read_to_string(config).map_err(|e| format!("{}: {e}", config.display()));
+/// Where the config text comes from.
+#[derive(Clone)]
+pub enum ConfigSource {
+    /// `-f FILE` (a ConfigMap mount is fine: it is re-read on change).
+    File(PathBuf),
+    /// `--config-map NS/NAME`, watched through the API.
+    Map(Box<super::config_map::ConfigMapConfig>),
+}
+
+impl ConfigSource {
+    /// The config text, or why it cannot be read; `None` while a ConfigMap has not been read yet.
+    pub fn text(&self) -> Option<Result<String, String>> {
+        match self {
+            ConfigSource::File(p) => Some(std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))),
+            ConfigSource::Map(m) => m.text(),
+        }
+    }
+
+    /// The config file, when the config is one.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            ConfigSource::File(p) => Some(p),
+            ConfigSource::Map(_) => None,
+        }
+    }
+}
+
+/// Reads everything the reconcile needs from the layout source and the config text.
+pub fn desired(source: &LayoutSource, default: Option<&str>, config_text: Result<String, String>) -> Desired {
     match layout_name(source, default) {
         Ok(Ok(name)) => Desired { layout: Some(name), config: config_text, idle_reason: String::new() },
         Ok(Err(why)) => Desired { layout: None, config: config_text, idle_reason: why },
@@ -57,10 +83,10 @@ pub fn desired(source: &LayoutSource, default: Option<&str>, config: &Path) -> D
 }
 
 /// A cheap fingerprint of the inputs, to notice changes by polling.
-pub fn fingerprint(source: &LayoutSource, config: &Path) -> u64 {
+pub fn fingerprint(source: &LayoutSource, config: Option<&Path>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::fs::read(config).ok().hash(&mut h);
+    config.and_then(|c| std::fs::read(c).ok()).hash(&mut h);
     if let LayoutSource::File(p) = source {
         std::fs::read(p).ok().hash(&mut h);
     }
@@ -83,9 +109,9 @@ mod tests {
         assert!(layout_name(&src, None).unwrap().unwrap_err().contains("holds no layout name"));
         std::fs::write(&f, "# comment\n\n  all-balanced \nother\n").unwrap();
         assert_eq!(layout_name(&src, None).unwrap().as_deref(), Ok("all-balanced"));
-        let before = fingerprint(&src, &f);
+        let before = fingerprint(&src, Some(&f));
         std::fs::write(&f, "x\n").unwrap();
-        assert_ne!(before, fingerprint(&src, &f));
+        assert_ne!(before, fingerprint(&src, Some(&f)));
         assert_eq!(layout_name(&LayoutSource::Fixed("a".into()), Some("b")).unwrap().as_deref(), Ok("a"));
     }
 }

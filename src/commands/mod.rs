@@ -41,6 +41,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(a) => status::run(&gpu(&a.gpu)?, a),
         Command::Agent(a) => crate::agent::run(&gpu(&a.gpu)?, a),
         Command::Frag(a) => frag::run(&gpu(&a.gpu)?, a),
+        Command::Controller(a) => {
+            offline("controller", top, &[]);
+            crate::controller::run::run(a)
+        }
         Command::Validate(a) => {
             offline("validate", top, &["--simulate"]);
             validate::run(top.simulate.as_deref(), a)

@@ -122,12 +122,12 @@ fn other_node(name: &str, annotations: &BTreeMap<String, String>, rv: u64, metad
     }
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Response {
+pub fn status(code: u16, reason: &str, message: &str) -> Response {
     let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code});
     (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body)).into_response()
 }
 
-fn query(uri: &Uri) -> HashMap<String, String> {
+pub fn query(uri: &Uri) -> HashMap<String, String> {
     uri.query()
         .unwrap_or("")
         .split('&')
@@ -172,7 +172,11 @@ fn merge_map(target: &mut BTreeMap<String, String>, patch: &Value) {
     }
 }
 
-fn apply_map(target: &mut BTreeMap<String, String>, owned: &mut BTreeSet<String>, patch: Option<&Map<String, Value>>) {
+pub fn apply_map(
+    target: &mut BTreeMap<String, String>,
+    owned: &mut BTreeSet<String>,
+    patch: Option<&Map<String, Value>>,
+) {
     let new: BTreeMap<String, String> = patch
         .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_string))).collect())
         .unwrap_or_default();
@@ -346,7 +350,7 @@ fn watch_nodes(sh: Shared, q: &HashMap<String, String>, metadata_only: bool) -> 
 }
 
 /// A stream fed by an async producer through a channel.
-fn async_stream<F, Fut>(producer: F) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>>
+pub fn async_stream<F, Fut>(producer: F) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>>
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -461,12 +465,16 @@ impl ApiServer {
 
     /// Writes a kubeconfig for this server into `dir` and returns its path.
     pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
-        let p = dir.join("kubeconfig");
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://127.0.0.1:{}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\nusers:\n- name: test\n  user: {{}}\n",
-            self.port
-        );
-        std::fs::write(&p, text).unwrap();
-        p
+        kubeconfig_for(self.port, dir)
     }
+}
+
+/// Writes a kubeconfig for an API server on 127.0.0.1:`port` into `dir` and returns its path.
+pub fn kubeconfig_for(port: u16, dir: &Path) -> PathBuf {
+    let p = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\nusers:\n- name: test\n  user: {{}}\n"
+    );
+    std::fs::write(&p, text).unwrap();
+    p
 }

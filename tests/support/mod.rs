@@ -4,9 +4,12 @@
 
 pub mod apiserver;
 pub mod baremetal;
+pub mod cluster_api;
+pub mod controller_rig;
 pub mod kube_agent;
 pub mod kubelet;
 pub mod pod_resources;
+pub mod scheduler;
 
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
 macro_rules! on_both_backends {

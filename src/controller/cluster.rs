@@ -1,0 +1,254 @@
+//! The controller's Kubernetes edge: caches of every Node and every Pod (watched), the layouts
+//! ConfigMap, the one Node patch per decision, and Events. Writes name the `gpupart-controller`
+//! field manager.
+
+use super::pods;
+use crate::cli::ObjectName;
+use crate::kube::outage::Outage;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::Client;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Field manager of every controller write.
+pub const FIELD_MANAGER: &str = "gpupart-controller";
+/// Key of the config inside the layouts ConfigMap.
+pub const CONFIG_KEY: &str = "config.yaml";
+/// Annotation on the layouts ConfigMap: `off` pauses the controller.
+pub const SWITCH: &str = "gpupart.io/controller";
+/// `reportingController` of the controller's Events.
+pub const REPORTING_CONTROLLER: &str = "gpupart.io/controller";
+
+/// The layouts ConfigMap as read.
+#[derive(Debug, Clone, Default)]
+pub struct Layouts {
+    /// Its `config.yaml` (empty when missing).
+    pub text: String,
+    /// The off switch is set.
+    pub paused: bool,
+    /// resourceVersion (`None`: the ConfigMap does not exist).
+    pub resource_version: Option<String>,
+}
+
+/// A write that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// Someone changed the object since it was read (409): retry from a fresh read.
+    #[error("{0} changed since it was read")]
+    Conflict(String),
+    /// Any other failure.
+    #[error("{what}: {source}")]
+    Failed {
+        /// What was written.
+        what: String,
+        /// The error.
+        source: kube::Error,
+    },
+}
+
+fn write_error(what: String, e: kube::Error) -> WriteError {
+    match e {
+        kube::Error::Api(s) if s.code == 409 => WriteError::Conflict(what),
+        source => WriteError::Failed { what, source },
+    }
+}
+
+/// The controller's view of the cluster and its writes.
+#[derive(Clone)]
+pub struct Cluster {
+    client: Client,
+    nodes: Store<Node>,
+    pods: Store<Pod>,
+    layouts: ObjectName,
+    identity: String,
+}
+
+/// Watches `api` into a store; `changed` hears of every event `relevant` keeps.
+fn spawn_watch<K>(
+    api: Api<K>,
+    what: &'static str,
+    changed: mpsc::Sender<()>,
+    relevant: impl Fn(&K) -> bool + Send + 'static,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    tokio::spawn(async move {
+        let mut stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default())).boxed();
+        let mut outage = Outage::new(what);
+        while let Some(ev) = stream.next().await {
+            let fire = match ev {
+                Ok(WatchEvent::Apply(o) | WatchEvent::Delete(o)) => {
+                    outage.ok();
+                    relevant(&o)
+                }
+                Ok(WatchEvent::InitDone) => {
+                    outage.ok();
+                    true
+                }
+                Ok(_) => false,
+                Err(e) => {
+                    tokio::time::sleep(outage.failed(&e)).await;
+                    false
+                }
+            };
+            if fire && changed.try_send(()).is_err() && changed.is_closed() {
+                return;
+            }
+        }
+    });
+    reader
+}
+
+impl Cluster {
+    /// Starts the watches; `changed` hears of every change of a Node or a GPU pod.
+    pub fn start(
+        client: Client,
+        layouts: ObjectName,
+        identity: String,
+        changed: mpsc::Sender<()>,
+        mps_resource: String,
+    ) -> Self {
+        let nodes = spawn_watch(Api::<Node>::all(client.clone()), "watching the nodes", changed.clone(), |_| true);
+        let gpu_pod = move |p: &Pod| !matches!(pods::read(p, &mps_resource), Ok(None));
+        let pods = spawn_watch(Api::<Pod>::all(client.clone()), "watching the pods", changed, gpu_pod);
+        Self { client, nodes, pods, layouts, identity }
+    }
+
+    /// Waits until both caches hold a first full list.
+    pub async fn ready(&self) -> bool {
+        self.nodes.wait_until_ready().await.is_ok() && self.pods.wait_until_ready().await.is_ok()
+    }
+
+    /// Every Node.
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.state()
+    }
+
+    /// Every Pod.
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.state()
+    }
+
+    fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.layouts.namespace)
+    }
+
+    /// Reads the layouts ConfigMap.
+    pub async fn layouts(&self) -> Result<Layouts, kube::Error> {
+        let Some(cm) = self.config_maps().get_opt(&self.layouts.name).await? else { return Ok(Layouts::default()) };
+        let ann = cm.metadata.annotations.unwrap_or_default();
+        Ok(Layouts {
+            text: cm.data.and_then(|d| d.get(CONFIG_KEY).cloned()).unwrap_or_default(),
+            paused: ann.get(SWITCH).is_some_and(|v| v.eq_ignore_ascii_case("off")),
+            resource_version: cm.metadata.resource_version,
+        })
+    }
+
+    /// Writes `text` into the layouts ConfigMap read at `read` (created when it did not exist).
+    pub async fn write_layouts(&self, read: &Layouts, text: &str) -> Result<(), WriteError> {
+        let what = format!("ConfigMap {}", self.layouts);
+        let api = self.config_maps();
+        let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        match &read.resource_version {
+            Some(rv) => {
+                let patch = serde_json::json!({"metadata": {"resourceVersion": rv}, "data": {CONFIG_KEY: text}});
+                api.patch(&self.layouts.name, &pp, &Patch::Merge(&patch)).await.map(|_| ())
+            }
+            None => {
+                let cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(self.layouts.name.clone()),
+                        namespace: Some(self.layouts.namespace.clone()),
+                        ..Default::default()
+                    },
+                    data: Some(BTreeMap::from([(CONFIG_KEY.to_string(), text.to_string())])),
+                    ..Default::default()
+                };
+                let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+                api.create(&pp, &cm).await.map(|_| ())
+            }
+        }
+        .map_err(|e| write_error(what, e))
+    }
+
+    /// Applies a decision's merge patch to a Node (its resourceVersion is the precondition).
+    pub async fn patch_node(&self, name: &str, patch: &serde_json::Value) -> Result<(), WriteError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        api.patch(name, &pp, &Patch::Merge(patch)).await.map(|_| ()).map_err(|e| write_error(format!("node {name}"), e))
+    }
+
+    /// Records an Event about `regarding` (failures are logged, never fatal).
+    pub async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, action: &str, note: &str) {
+        let ns = regarding.namespace.clone().unwrap_or_else(|| "default".into());
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let name = regarding.name.clone().unwrap_or_default();
+        let mut note = note.to_string();
+        if note.len() > 1000 {
+            let mut cut = 997;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.gpupart.{:x}", now.as_nanosecond())),
+                namespace: Some(ns),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(now)),
+            action: Some(action.into()),
+            reason: Some(reason.into()),
+            note: Some(note),
+            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(REPORTING_CONTROLLER.into()),
+            reporting_instance: Some(self.identity.clone()),
+            ..Default::default()
+        };
+        let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+        if let Err(e) = api.create(&pp, &ev).await {
+            tracing::warn!(error = %e, object = %name, reason, "recording an Event failed");
+        }
+    }
+
+    /// The API client.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+}
+
+/// The reference to a pod for its Events.
+pub fn pod_ref(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: (!uid.is_empty()).then(|| uid.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The reference to a node for its Events.
+pub fn node_ref(name: &str, uid: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        uid: uid.map(str::to_string),
+        ..Default::default()
+    }
+}

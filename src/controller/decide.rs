@@ -1,0 +1,518 @@
+//! The controller's decision for one batch (pure): which nodes get which layout so the most
+//! pending GPU pods become schedulable, ranked by pods unblocked, then fewest instances destroyed
+//! (never a busy one), then fragmentation afterwards; which idle nodes become dedicated for
+//! tensor-parallel pods and which dedicated nodes go back; and, for every pod left waiting, why.
+
+use super::capacity::{layout_specs, ledger, pods_fitting, schedule, NodeLedger};
+use super::gpu_options::{observed_spec, options, Counts, GpuOption};
+use super::nodes::{GpuNode, Phase, RECLAIM_LAYOUT};
+use super::pods::{GpuPod, NotServed, Resource};
+use crate::config::ConfigFile;
+use crate::fleet::current::CurrentGpu;
+use crate::fleet::report::GpuSpec;
+use crate::mig::catalog::Model;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Decision knobs (the controller's flags).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Nodes reconfiguring at once, counting those already under way.
+    pub max_concurrent_nodes: usize,
+    /// Seconds after a change before the controller changes the node again.
+    pub cooldown_secs: i64,
+    /// Seconds a controller-made dedicated node stays without pods before it goes back.
+    pub reclaim_after_secs: i64,
+    /// Client slots of an MPS daemon the controller starts.
+    pub mps_replicas: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { max_concurrent_nodes: 2, cooldown_secs: 60, reclaim_after_secs: 1800, mps_replicas: 4 }
+    }
+}
+
+/// Everything a decision reads.
+#[derive(Debug, Clone, Copy)]
+pub struct World<'a> {
+    /// Nodes with an agent.
+    pub nodes: &'a [GpuNode],
+    /// Pods with GPU resources.
+    pub pods: &'a [GpuPod],
+    /// The layouts config (hand-written and generated layouts).
+    pub config: Option<&'a ConfigFile>,
+    /// Now, seconds since the epoch.
+    pub now: i64,
+    /// Per node: since when no pod has been bound to it (dedicated nodes).
+    pub idle_since: &'a BTreeMap<String, i64>,
+}
+
+/// What a decision does to a node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A new layout in the shared pool.
+    Repartition,
+    /// Converted to the dedicated pool: taint, pool label, MIG off.
+    Dedicate,
+    /// Back from the dedicated pool to the shared one, with its earlier layout.
+    Reclaim,
+}
+
+impl Kind {
+    /// Metric label and Event reason.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Kind::Repartition => "repartition",
+            Kind::Dedicate => "dedicate",
+            Kind::Reclaim => "reclaim",
+        }
+    }
+}
+
+/// One node's change.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// The node.
+    pub node: String,
+    /// What happens.
+    pub kind: Kind,
+    /// Its GPU model.
+    pub model: &'static Model,
+    /// The new per-GPU specs (empty for a reclaim to a named layout).
+    pub specs: Vec<GpuSpec>,
+    /// For a reclaim: the layout name to restore.
+    pub restore: Option<String>,
+    /// Pods it makes schedulable (`namespace/name`).
+    pub pods: Vec<String>,
+    /// GPU instances torn down (all idle).
+    pub destroyed: u32,
+    /// GPU instances created.
+    pub created: u32,
+    /// Expected fragmentation of the node's MIG free space afterwards, in memory slices.
+    pub frag: f64,
+    /// The change in words: `GPU 1: +2 1g.10gb -1 3g.40gb`.
+    pub change: String,
+}
+
+/// A batch's outcome.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Node changes, best first.
+    pub decisions: Vec<Decision>,
+    /// Pending pods no change serves this batch, and why.
+    pub not_served: Vec<NotServed>,
+    /// Nodes left alone, and why (reconfiguring, failed, cooling down, unreadable).
+    pub held: Vec<(String, String)>,
+    /// Pending GPU pods that the scheduler can place already (free units exist).
+    pub placeable: usize,
+}
+
+/// A node the batch may change.
+struct Candidate<'a> {
+    node: &'a GpuNode,
+    model: &'static Model,
+    ledger: NodeLedger,
+    gpus: Vec<CurrentGpu>,
+    current: Vec<GpuSpec>,
+}
+
+/// Score of a node choice: pods unblocked, fewer destroyed, fewer created (no instance nobody
+/// waits for), less fragmentation afterwards (milli-slices).
+type Score = (usize, i64, i64, i64);
+
+struct Choice {
+    picks: Vec<usize>,
+    pods: Vec<String>,
+    score: Score,
+}
+
+/// Option combinations searched exhaustively on one node; beyond, GPU by GPU.
+const EXHAUSTIVE: usize = 4096;
+
+/// Evaluates picks (one option per GPU) on a node: the score, the units that go to waiting pods
+/// (the greedy's guide) and the pods unblocked; `None` when a pod there would lose its units.
+fn evaluate(
+    c: &Candidate,
+    opts: &[Vec<GpuOption>],
+    picks: &[usize],
+    unmet: &[&GpuPod],
+) -> Option<(Score, u32, Vec<String>)> {
+    let mut offered = Counts::new();
+    let (mut destroyed, mut created, mut frag) = (0i64, 0i64, 0.0f64);
+    for (g, &k) in picks.iter().enumerate() {
+        let o = &opts[g][k];
+        super::capacity::add(&mut offered, &o.offers);
+        destroyed += i64::from(o.destroyed);
+        created += i64::from(o.created);
+        frag += o.frag;
+    }
+    let resources: BTreeSet<&Resource> =
+        c.ledger.held.keys().chain(c.ledger.assigned.keys()).chain(unmet.iter().map(|p| &p.resource)).collect();
+    let (mut unblocked, mut useful, mut pods) = (0usize, 0u32, Vec::new());
+    for r in resources {
+        let need = c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
+        let have = offered.get(r).copied().unwrap_or(0);
+        if have < need {
+            return None;
+        }
+        let free = have - need;
+        let mut waiting: Vec<&&GpuPod> = unmet.iter().filter(|p| &p.resource == r).collect();
+        let counts: Vec<u32> = waiting.iter().map(|p| p.count).collect();
+        let n = pods_fitting(&counts, free);
+        waiting.sort_by_key(|p| (p.count, p.created, p.key.clone()));
+        pods.extend(waiting.iter().take(n).map(|p| p.key.clone()));
+        unblocked += n;
+        useful += free.min(counts.iter().sum());
+    }
+    Some(((unblocked, -destroyed, -created, -(frag * 1000.0).round() as i64), useful, pods))
+}
+
+/// Every combination of one option per GPU (when there are few), else none.
+fn combinations(opts: &[Vec<GpuOption>]) -> Option<Vec<Vec<usize>>> {
+    let total = opts.iter().try_fold(1usize, |acc, o| acc.checked_mul(o.len()).filter(|n| *n <= EXHAUSTIVE))?;
+    let mut out = Vec::with_capacity(total);
+    let mut cur = vec![0usize; opts.len()];
+    loop {
+        out.push(cur.clone());
+        let mut g = 0;
+        loop {
+            if g == opts.len() {
+                return Some(out);
+            }
+            cur[g] += 1;
+            if cur[g] < opts[g].len() {
+                break;
+            }
+            cur[g] = 0;
+            g += 1;
+        }
+    }
+}
+
+/// The best change of one node for the waiting pods: exhaustive over the GPUs' options when
+/// they are few; otherwise GPU by GPU the option that helps most (units toward waiting pods
+/// break ties toward pods that need several GPUs), then every change that no longer helps undone.
+fn best_on_node(c: &Candidate, opts: &[Vec<GpuOption>], unmet: &[&GpuPod]) -> Option<Choice> {
+    let picks = match combinations(opts) {
+        Some(all) => {
+            let mut best: Option<(Score, usize, Vec<usize>)> = None;
+            for p in all {
+                let Some((s, _, _)) = evaluate(c, opts, &p, unmet) else { continue };
+                let changed = p.iter().filter(|k| **k > 0).count();
+                if best.as_ref().is_none_or(|(b, bc, _)| (s, std::cmp::Reverse(changed)) > (*b, std::cmp::Reverse(*bc)))
+                {
+                    best = Some((s, changed, p));
+                }
+            }
+            best?.2
+        }
+        None => greedy(c, opts, unmet)?,
+    };
+    let (score, _, pods) = evaluate(c, opts, &picks, unmet)?;
+    (score.0 > 0).then_some(Choice { picks, pods, score })
+}
+
+fn greedy(c: &Candidate, opts: &[Vec<GpuOption>], unmet: &[&GpuPod]) -> Option<Vec<usize>> {
+    let mut picks = vec![0usize; opts.len()];
+    let guide = |s: Score, useful: u32| (s.0, useful, s.1, s.2, s.3);
+    let (s, u, _) = evaluate(c, opts, &picks, unmet)?;
+    let mut best = guide(s, u);
+    for g in 0..opts.len() {
+        for k in 1..opts[g].len() {
+            let mut p = picks.clone();
+            p[g] = k;
+            if let Some((s, u, _)) = evaluate(c, opts, &p, unmet) {
+                if guide(s, u) > best {
+                    best = guide(s, u);
+                    picks = p;
+                }
+            }
+        }
+    }
+    for g in 0..opts.len() {
+        if picks[g] == 0 {
+            continue;
+        }
+        let mut p = picks.clone();
+        p[g] = 0;
+        let (now, _, _) = evaluate(c, opts, &picks, unmet)?;
+        if let Some((s, _, _)) = evaluate(c, opts, &p, unmet) {
+            if s >= now {
+                picks = p;
+            }
+        }
+    }
+    Some(picks)
+}
+
+fn change_words(opts: &[Vec<GpuOption>], picks: &[usize], gpus: &[CurrentGpu]) -> String {
+    let parts: Vec<String> = picks
+        .iter()
+        .enumerate()
+        .filter(|(_, &k)| k > 0)
+        .map(|(g, &k)| format!("GPU {}: {}", gpus[g].index, opts[g][k].change.join(" ")))
+        .collect();
+    parts.join("; ")
+}
+
+/// Decides one batch.
+pub fn decide(world: &World, opts: &Options) -> Outcome {
+    let mut out = Outcome::default();
+    let mut cands: Vec<Candidate> = Vec::new();
+    let mut ledgers: Vec<NodeLedger> = Vec::new();
+    let mut dedicated: Vec<bool> = Vec::new();
+    let mut usable: Vec<bool> = Vec::new();
+    let mut busy_nodes = 0usize;
+    for node in world.nodes {
+        let model = match node.model() {
+            Ok(Some(m)) => crate::mig::catalog::lookup(m),
+            Ok(None) => None,
+            Err(e) => {
+                out.held.push((node.name.clone(), e));
+                continue;
+            }
+        };
+        let Some(model) = model else {
+            out.held.push((node.name.clone(), "its GPU model is not in the catalog".into()));
+            continue;
+        };
+        let (l, gpus) = ledger(node, model, world.pods, world.config);
+        let current = layout_specs(node, model, world.config)
+            .filter(|s| s.len() == node.gpus.len() && node.phase() == Phase::Settled)
+            .unwrap_or_else(|| node.gpus.iter().map(observed_spec).collect());
+        ledgers.push(l.clone());
+        dedicated.push(node.is_dedicated());
+        usable.push(!node.cordoned);
+        if !matches!(node.phase(), Phase::Settled) {
+            busy_nodes += 1;
+        }
+        cands.push(Candidate { node, model, ledger: l, gpus, current });
+    }
+    let unmet_all = schedule(&mut ledgers, &dedicated, &usable, world.pods);
+    for (c, l) in cands.iter_mut().zip(&ledgers) {
+        c.ledger = l.clone();
+    }
+    let pending = world.pods.iter().filter(|p| p.node().is_none()).count();
+    let mut unmet: Vec<&GpuPod> = unmet_all.into_iter().filter(|p| p.is_unschedulable()).collect();
+    out.placeable = pending.saturating_sub(unmet.len());
+    let mut budget = opts.max_concurrent_nodes.saturating_sub(busy_nodes);
+    // Which nodes may change now.
+    let mut changeable: Vec<usize> = Vec::new();
+    for (i, c) in cands.iter().enumerate() {
+        let why = match c.node.phase() {
+            Phase::Reconfiguring(r) | Phase::Failed(r) => Some(r),
+            Phase::Settled if c.node.cordoned => Some("cordoned".into()),
+            Phase::Settled => match c.node.changed_at() {
+                Some(t) if world.now - t < opts.cooldown_secs => {
+                    Some(format!("cooling down for {} s after the last change", opts.cooldown_secs - (world.now - t)))
+                }
+                _ => None,
+            },
+        };
+        match why {
+            Some(w) => out.held.push((c.node.name.clone(), w)),
+            None => changeable.push(i),
+        }
+    }
+    let mut taken: BTreeSet<usize> = BTreeSet::new();
+    let mut cache: BTreeMap<String, Vec<GpuOption>> = BTreeMap::new();
+    while budget > 0 && !unmet.is_empty() {
+        let shared: Vec<&GpuPod> =
+            unmet.iter().copied().filter(|p| !(p.dedicated && p.resource == Resource::Gpu && p.count > 1)).collect();
+        let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
+        let mut best: Option<(Score, usize, Decision)> = None;
+        for &i in changeable.iter().filter(|i| !taken.contains(i)) {
+            let c = &cands[i];
+            if let Some(d) = dedicate(c, &unmet) {
+                let s: Score = (d.pods.len(), -i64::from(d.destroyed), 0, 0);
+                if best.as_ref().is_none_or(|(b, _, _)| s > *b) {
+                    best = Some((s, i, d));
+                }
+            }
+            if c.node.is_dedicated() || shared.is_empty() {
+                continue;
+            }
+            let node_opts: Vec<Vec<GpuOption>> = c
+                .gpus
+                .iter()
+                .zip(&c.current)
+                .map(|(g, cur)| {
+                    let key = format!("{}|{g:?}|{cur:?}|{wanted:?}", c.model.id);
+                    cache
+                        .entry(key)
+                        .or_insert_with(|| {
+                            options(c.model, g, cur.clone(), &wanted, opts.mps_replicas)
+                                .unwrap_or_else(|_| vec![keep(cur.clone())])
+                        })
+                        .clone()
+                })
+                .collect();
+            if let Some(ch) = best_on_node(c, &node_opts, &shared) {
+                if best.as_ref().is_none_or(|(b, _, _)| ch.score > *b) {
+                    let specs = ch.picks.iter().enumerate().map(|(g, &k)| node_opts[g][k].spec.clone()).collect();
+                    let sum = |f: fn(&GpuOption) -> f64| {
+                        ch.picks.iter().enumerate().map(|(g, &k)| f(&node_opts[g][k])).sum::<f64>()
+                    };
+                    let d = Decision {
+                        node: c.node.name.clone(),
+                        kind: Kind::Repartition,
+                        model: c.model,
+                        specs,
+                        restore: None,
+                        pods: ch.pods.clone(),
+                        destroyed: sum(|o| f64::from(o.destroyed)) as u32,
+                        created: sum(|o| f64::from(o.created)) as u32,
+                        frag: sum(|o| o.frag),
+                        change: change_words(&node_opts, &ch.picks, &c.gpus),
+                    };
+                    best = Some((ch.score, i, d));
+                }
+            }
+        }
+        let Some((_, i, d)) = best else { break };
+        unmet.retain(|p| !d.pods.contains(&p.key));
+        taken.insert(i);
+        budget -= 1;
+        out.decisions.push(d);
+    }
+    // Dedicated nodes without pods for long enough go back to the shared pool.
+    for &i in &changeable {
+        let c = &cands[i];
+        if budget == 0 || taken.contains(&i) || !c.node.dedicated_by_controller() {
+            continue;
+        }
+        let empty = c.ledger.pods.is_empty() && c.ledger.assigned.values().all(|n| *n == 0);
+        let idle_for = world.idle_since.get(&c.node.name).map(|t| world.now - t);
+        if empty && idle_for.is_some_and(|s| s >= opts.reclaim_after_secs) {
+            let restore = c.node.annotations.get(RECLAIM_LAYOUT).filter(|l| !l.is_empty()).cloned();
+            out.decisions.push(Decision {
+                node: c.node.name.clone(),
+                kind: Kind::Reclaim,
+                model: c.model,
+                specs: Vec::new(),
+                change: format!(
+                    "back to the shared pool{} after {} s without pods",
+                    restore.as_deref().map(|l| format!(" with layout '{l}'")).unwrap_or_default(),
+                    idle_for.unwrap_or(0)
+                ),
+                restore,
+                pods: Vec::new(),
+                destroyed: 0,
+                created: 0,
+                frag: 0.0,
+            });
+            budget -= 1;
+        }
+    }
+    let reconfiguring = busy_nodes + out.decisions.len();
+    for p in unmet {
+        out.not_served.push(NotServed {
+            key: p.key.clone(),
+            reason: why_not(p, &cands, &changeable, &taken, reconfiguring, opts),
+        });
+    }
+    out
+}
+
+fn keep(spec: GpuSpec) -> GpuOption {
+    GpuOption {
+        offers: super::capacity::spec_offers(&spec),
+        spec,
+        destroyed: 0,
+        created: 0,
+        frag: 0.0,
+        change: Vec::new(),
+    }
+}
+
+/// A node converted to dedicated for the waiting tensor-parallel pods it can hold: only a node
+/// with nothing in use and no pod bound or about to be.
+fn dedicate(c: &Candidate, unmet: &[&GpuPod]) -> Option<Decision> {
+    if c.node.is_dedicated() || !c.ledger.pods.is_empty() || c.ledger.assigned.values().any(|n| *n > 0) {
+        return None;
+    }
+    if c.gpus.iter().any(CurrentGpu::any_busy) {
+        return None;
+    }
+    let tp: Vec<&&GpuPod> =
+        unmet.iter().filter(|p| p.dedicated && p.resource == Resource::Gpu && p.count > 1).collect();
+    let counts: Vec<u32> = tp.iter().map(|p| p.count).collect();
+    let n = pods_fitting(&counts, c.gpus.len() as u32);
+    if n == 0 {
+        return None;
+    }
+    let mut by_size = tp.clone();
+    by_size.sort_by_key(|p| (p.count, p.created, p.key.clone()));
+    let destroyed: u32 = c.gpus.iter().map(|g| g.instances.len() as u32 + u32::from(g.mps_slots.is_some())).sum();
+    Some(Decision {
+        node: c.node.name.clone(),
+        kind: Kind::Dedicate,
+        model: c.model,
+        specs: vec![GpuSpec::Off; c.gpus.len()],
+        restore: None,
+        pods: by_size.iter().take(n).map(|p| p.key.clone()).collect(),
+        destroyed,
+        created: 0,
+        frag: 0.0,
+        change: format!("dedicated: {} whole GPUs, {destroyed} idle instance(s) torn down", c.gpus.len()),
+    })
+}
+
+fn what(p: &GpuPod) -> String {
+    match &p.resource {
+        Resource::Mig(m) if p.count == 1 => m.to_string(),
+        Resource::Mig(m) => format!("{} × {m}", p.count),
+        Resource::Gpu if p.dedicated && p.count > 1 => format!("{} whole GPUs on a dedicated node", p.count),
+        Resource::Gpu => format!("{} whole GPU(s) on one node", p.count),
+        Resource::Mps => format!("{} MPS slot(s)", p.count),
+    }
+}
+
+/// Why a waiting pod is not served this batch.
+fn why_not(
+    p: &GpuPod,
+    cands: &[Candidate],
+    changeable: &[usize],
+    taken: &BTreeSet<usize>,
+    reconfiguring: usize,
+    opts: &Options,
+) -> String {
+    let need = what(p);
+    if let Resource::Mig(m) = &p.resource {
+        let models: Vec<&Model> = cands.iter().map(|c| c.model).collect();
+        if !models.iter().any(|md| md.profile_table().profiles.iter().any(|x| &x.name == m)) {
+            return format!("needs {need}; no GPU model in the cluster has that MIG profile");
+        }
+    }
+    let largest = cands.iter().map(|c| c.gpus.len()).max().unwrap_or(0) as u32;
+    if p.resource == Resource::Gpu && p.count > largest {
+        return format!("needs {need}; no node has {} GPUs (the largest has {largest})", p.count);
+    }
+    let free_nodes = changeable.iter().filter(|i| !taken.contains(i)).count();
+    if reconfiguring >= opts.max_concurrent_nodes && free_nodes > 0 {
+        return format!(
+            "needs {need}; waits for a reconfiguration slot ({reconfiguring} node(s) reconfiguring, --max-concurrent-nodes {})",
+            opts.max_concurrent_nodes
+        );
+    }
+    // Name the pods in the way on the nodes that could otherwise host it.
+    let mut in_way: Vec<String> = Vec::new();
+    for &i in changeable.iter().filter(|i| !taken.contains(i)) {
+        in_way.extend(cands[i].ledger.pods.iter().take(3).cloned());
+    }
+    in_way.sort();
+    in_way.dedup();
+    let held = cands.len() - changeable.len();
+    let pool = if p.dedicated && p.resource == Resource::Gpu && p.count > 1 { "no idle node" } else { "no idle GPU" };
+    match (in_way.is_empty(), held) {
+        (false, _) => {
+            let shown: Vec<&str> = in_way.iter().take(3).map(String::as_str).collect();
+            let more = if in_way.len() > 3 { format!(" and {} more", in_way.len() - 3) } else { String::new() };
+            format!("needs {need}; {pool} can host it without evicting {}{more}", shown.join(", "))
+        }
+        (true, 0) => format!("needs {need}; {pool} can host it"),
+        (true, n) => {
+            format!("needs {need}; {pool} can host it now ({n} node(s) reconfiguring, failed or cooling down)")
+        }
+    }
+}

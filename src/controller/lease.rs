@@ -1,0 +1,162 @@
+//! Leader election with a coordination.k8s.io/v1 Lease, as client-go's leaderelection does: the
+//! holder renews it; another replica takes it only once `renewTime + leaseDurationSeconds` has
+//! passed. Every write carries the Lease's resourceVersion, so two replicas never both win. The
+//! controller acts only while its last renewal is younger than the lease duration.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use std::time::{Duration, Instant};
+
+/// What to do with the Lease as found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No Lease yet: create it.
+    Create,
+    /// We hold it: renew.
+    Renew,
+    /// It expired (or names nobody): take it over.
+    TakeOver,
+    /// Someone else holds it.
+    HeldBy(String),
+}
+
+/// The verdict on `spec` for `me` at `now` (pure).
+pub fn verdict(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Verdict {
+    let Some(s) = spec else { return Verdict::Create };
+    let holder = s.holder_identity.clone().unwrap_or_default();
+    if holder == me {
+        return Verdict::Renew;
+    }
+    let duration = i64::from(s.lease_duration_seconds.unwrap_or(15));
+    let renewed = s.renew_time.as_ref().or(s.acquire_time.as_ref()).map(|t| t.0.as_second());
+    match renewed {
+        _ if holder.is_empty() => Verdict::TakeOver,
+        Some(t) if now.as_second() > t + duration => Verdict::TakeOver,
+        None => Verdict::TakeOver,
+        _ => Verdict::HeldBy(holder),
+    }
+}
+
+/// One replica's membership in the election.
+pub struct Elector {
+    api: Api<Lease>,
+    name: String,
+    namespace: String,
+    identity: String,
+    duration: Duration,
+    renewed: Option<Instant>,
+    holder: Option<String>,
+}
+
+impl Elector {
+    /// An elector for Lease `namespace/name`.
+    pub fn new(client: kube::Client, namespace: &str, name: &str, identity: &str, duration: Duration) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            duration,
+            renewed: None,
+            holder: None,
+        }
+    }
+
+    /// Whether this replica may act now: its last renewal is younger than the lease duration
+    /// (with a margin of a fifth, for clock and request time).
+    pub fn is_leader(&self) -> bool {
+        self.renewed.is_some_and(|t| t.elapsed() < self.duration.mul_f64(0.8))
+    }
+
+    /// Who holds the Lease, as last seen.
+    pub fn holder(&self) -> Option<&str> {
+        self.holder.as_deref()
+    }
+
+    /// Tries to acquire or renew the Lease once; returns whether this replica holds it.
+    pub async fn try_lead(&mut self) -> Result<bool, kube::Error> {
+        let now = Timestamp::now();
+        let found = self.api.get_opt(&self.name).await?;
+        let verdict = verdict(found.as_ref().and_then(|l| l.spec.as_ref()), &self.identity, now);
+        let secs = self.duration.as_secs().max(1) as i32;
+        let pp = PostParams { field_manager: Some(crate::kube::keys::FIELD_MANAGER.into()), ..Default::default() };
+        let result = match (&verdict, found) {
+            (Verdict::HeldBy(h), _) => {
+                self.holder = Some(h.clone());
+                self.renewed = None;
+                return Ok(false);
+            }
+            (Verdict::Create, _) | (_, None) => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        namespace: Some(self.namespace.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(self.identity.clone()),
+                        lease_duration_seconds: Some(secs),
+                        acquire_time: Some(MicroTime(now)),
+                        renew_time: Some(MicroTime(now)),
+                        lease_transitions: Some(0),
+                        ..Default::default()
+                    }),
+                };
+                self.api.create(&pp, &lease).await.map(|_| ())
+            }
+            (v, Some(mut lease)) => {
+                let spec = lease.spec.get_or_insert_with(Default::default);
+                if *v == Verdict::TakeOver {
+                    spec.holder_identity = Some(self.identity.clone());
+                    spec.acquire_time = Some(MicroTime(now));
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                }
+                spec.lease_duration_seconds = Some(secs);
+                spec.renew_time = Some(MicroTime(now));
+                // `replace` sends the resourceVersion read above: a concurrent writer makes it 409.
+                self.api.replace(&self.name, &pp, &lease).await.map(|_| ())
+            }
+        };
+        match result {
+            Ok(()) => {
+                if !self.is_leader() {
+                    tracing::info!(lease = %format!("{}/{}", self.namespace, self.name), identity = %self.identity, "became the leader");
+                }
+                self.renewed = Some(Instant::now());
+                self.holder = Some(self.identity.clone());
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                self.renewed = None;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(holder: &str, renewed: i64, duration: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(duration),
+            renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_lease_is_taken_only_once_it_has_expired() {
+        let now = Timestamp::from_second(1000).unwrap();
+        assert_eq!(verdict(None, "me", now), Verdict::Create);
+        assert_eq!(verdict(Some(&spec("me", 990, 15)), "me", now), Verdict::Renew);
+        assert_eq!(verdict(Some(&spec("other", 990, 15)), "me", now), Verdict::HeldBy("other".into()));
+        assert_eq!(verdict(Some(&spec("other", 980, 15)), "me", now), Verdict::TakeOver);
+        assert_eq!(verdict(Some(&spec("", 999, 15)), "me", now), Verdict::TakeOver);
+    }
+}

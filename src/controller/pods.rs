@@ -1,0 +1,291 @@
+//! What a pod asks of the GPUs (pure): its GPU resource, how many, whether it waits for one
+//! (Pending with the scheduler's `PodScheduled=False, reason Unschedulable`) or holds them on a
+//! node, and whether it tolerates the dedicated pool's taint.
+
+use crate::mig::ProfileName;
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+
+/// Prefix of NVIDIA's MIG resources (`nvidia.com/mig-1g.10gb`, the device plugin's mixed strategy).
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+/// NVIDIA's whole-GPU resource.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Key of the dedicated pool's taint (`gpu-dedicated=true:NoSchedule`).
+pub const DEDICATED_TAINT_KEY: &str = "gpu-dedicated";
+
+/// A GPU resource the controller can provide.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    /// One MIG instance of a GPU-instance profile (full compute).
+    Mig(ProfileName),
+    /// A whole GPU.
+    Gpu,
+    /// An MPS client slot.
+    Mps,
+}
+
+impl Resource {
+    /// The Kubernetes resource name (`mps` is the configured slot resource).
+    pub fn name(&self, mps_resource: &str) -> String {
+        match self {
+            Resource::Mig(p) => format!("{MIG_RESOURCE_PREFIX}{p}"),
+            Resource::Gpu => GPU_RESOURCE.to_string(),
+            Resource::Mps => mps_resource.to_string(),
+        }
+    }
+}
+
+/// Where a pod stands with its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// The scheduler found no node: `PodScheduled=False`, reason `Unschedulable`.
+    Unschedulable {
+        /// When the condition last changed (RFC 3339 seconds since the epoch), if known.
+        since: Option<i64>,
+    },
+    /// Pending and not (yet) marked unschedulable: the scheduler has not decided.
+    Waiting,
+    /// Bound to a node and not finished: holds its GPUs there.
+    Bound {
+        /// The node.
+        node: String,
+    },
+}
+
+/// A pod with one kind of GPU resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuPod {
+    /// `namespace/name`.
+    pub key: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (for Events).
+    pub uid: String,
+    /// The resource.
+    pub resource: Resource,
+    /// How many of it.
+    pub count: u32,
+    /// Where it stands.
+    pub standing: Standing,
+    /// Tolerates the dedicated pool's taint.
+    pub dedicated: bool,
+    /// Creation time (seconds since the epoch), if known.
+    pub created: Option<i64>,
+}
+
+impl GpuPod {
+    /// Whether the pod waits for GPUs the cluster does not offer.
+    pub fn is_unschedulable(&self) -> bool {
+        matches!(self.standing, Standing::Unschedulable { .. })
+    }
+
+    /// The node it is bound to.
+    pub fn node(&self) -> Option<&str> {
+        match &self.standing {
+            Standing::Bound { node } => Some(node),
+            _ => None,
+        }
+    }
+}
+
+/// A GPU pod the controller cannot serve, and why (said in an Event on the pod).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotServed {
+    /// `namespace/name`.
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Whole-number value of a Kubernetes quantity as device plugins count (`"2"`); fractions,
+/// suffixes and negatives are refused.
+fn count_of(q: &str) -> Option<u32> {
+    q.trim().parse::<u32>().ok()
+}
+
+/// The GPU resources of a pod: per resource name, the larger of the containers' sum and the
+/// largest init container (Kubernetes' effective request); requests default to limits.
+fn gpu_requests(pod: &Pod, mps_resource: &str) -> Result<BTreeMap<String, u32>, String> {
+    let spec = pod.spec.as_ref();
+    let wanted = |name: &str| name.starts_with(MIG_RESOURCE_PREFIX) || name == GPU_RESOURCE || name == mps_resource;
+    let of_container = |c: &k8s_openapi::api::core::v1::Container| -> Result<BTreeMap<String, u32>, String> {
+        let mut out = BTreeMap::new();
+        let res = c.resources.as_ref();
+        for map in [res.and_then(|r| r.limits.as_ref()), res.and_then(|r| r.requests.as_ref())].into_iter().flatten() {
+            for (k, v) in map.iter().filter(|(k, _)| wanted(k)) {
+                let n = count_of(&v.0).ok_or_else(|| {
+                    format!("container '{}' asks for {k}: '{}', not a whole number of devices", c.name, v.0)
+                })?;
+                out.insert(k.clone(), n);
+            }
+        }
+        Ok(out)
+    };
+    let mut sum: BTreeMap<String, u32> = BTreeMap::new();
+    for c in spec.map(|s| s.containers.as_slice()).unwrap_or(&[]) {
+        for (k, n) in of_container(c)? {
+            *sum.entry(k).or_default() += n;
+        }
+    }
+    for c in spec.and_then(|s| s.init_containers.as_deref()).unwrap_or(&[]) {
+        for (k, n) in of_container(c)? {
+            let e = sum.entry(k).or_default();
+            *e = (*e).max(n);
+        }
+    }
+    sum.retain(|_, n| *n > 0);
+    Ok(sum)
+}
+
+fn seconds(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
+    t.0.as_second()
+}
+
+/// Reads a pod: `Ok(None)` when it asks for no GPU resource or has finished; `Err` when it asks
+/// for GPUs in a way the controller does not serve (several GPU resources, a compute-instance
+/// profile, a bad quantity).
+pub fn read(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let key = format!("{namespace}/{name}");
+    let not_served = |reason: String| NotServed { key: key.clone(), reason };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    if matches!(phase, "Succeeded" | "Failed") || pod.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let requests = gpu_requests(pod, mps_resource).map_err(&not_served)?;
+    let mut it = requests.iter();
+    let Some((res_name, &count)) = it.next() else { return Ok(None) };
+    if requests.len() > 1 {
+        let names: Vec<&str> = requests.keys().map(String::as_str).collect();
+        return Err(not_served(format!(
+            "asks for several GPU resources ({}); the controller serves pods with one",
+            names.join(", ")
+        )));
+    }
+    let resource = if res_name == GPU_RESOURCE {
+        Resource::Gpu
+    } else if res_name == mps_resource {
+        Resource::Mps
+    } else {
+        let profile = &res_name[MIG_RESOURCE_PREFIX.len()..];
+        let p: ProfileName = profile
+            .parse()
+            .map_err(|e| not_served(format!("asks for {res_name}: '{profile}' is not a MIG profile ({e})")))?;
+        if p.gi_name() != p {
+            return Err(not_served(format!(
+                "asks for {res_name}, a compute instance inside a GPU instance; the controller creates whole GPU instances ({})",
+                p.gi_name()
+            )));
+        }
+        Resource::Mig(p)
+    };
+    let spec = pod.spec.as_ref();
+    let node = spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
+    let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+        cs.iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+    });
+    let standing = match (node, unschedulable) {
+        (Some(node), _) => Standing::Bound { node },
+        (None, Some(c)) => Standing::Unschedulable { since: c.last_transition_time.as_ref().map(seconds) },
+        (None, None) => Standing::Waiting,
+    };
+    let dedicated = spec.and_then(|s| s.tolerations.as_ref()).is_some_and(|ts| {
+        ts.iter().any(|t| {
+            let key_ok = t.key.as_deref() == Some(DEDICATED_TAINT_KEY)
+                || (t.key.as_deref().unwrap_or("").is_empty() && t.operator.as_deref() == Some("Exists"));
+            let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "NoSchedule");
+            let value_ok = t.operator.as_deref() == Some("Exists") || t.value.as_deref() == Some("true");
+            key_ok && effect_ok && value_ok
+        })
+    });
+    Ok(Some(GpuPod {
+        key,
+        namespace,
+        name,
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        resource,
+        count,
+        standing,
+        dedicated,
+        created: pod.metadata.creation_timestamp.as_ref().map(seconds),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn pending(resources: serde_json::Value) -> Pod {
+        pod(serde_json::json!({
+            "metadata": {"namespace": "serving", "name": "llm-1", "uid": "u1", "creationTimestamp": "2026-12-04T10:00:00Z"},
+            "spec": {"containers": [{"name": "main", "resources": resources}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": "2026-12-04T10:00:05Z"}]}
+        }))
+    }
+
+    #[test]
+    fn a_pending_mig_pod_is_read_with_its_profile_and_since() {
+        let p = read(
+            &pending(serde_json::json!({"limits": {"nvidia.com/mig-1g.10gb": "2", "cpu": "1"}})),
+            "gpupart.io/mps",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.key, "serving/llm-1");
+        assert_eq!(p.resource, Resource::Mig("1g.10gb".parse().unwrap()));
+        assert_eq!(p.count, 2);
+        assert!(matches!(p.standing, Standing::Unschedulable { since: Some(s) } if s == p.created.unwrap() + 5));
+        assert!(!p.dedicated);
+    }
+
+    #[test]
+    fn init_containers_count_as_the_scheduler_counts_them() {
+        let mut p = pending(serde_json::json!({"requests": {"nvidia.com/gpu": "1"}}));
+        let init: k8s_openapi::api::core::v1::Container = serde_json::from_value(
+            serde_json::json!({"name": "warm", "resources": {"limits": {"nvidia.com/gpu": "4"}}}),
+        )
+        .unwrap();
+        p.spec.as_mut().unwrap().init_containers = Some(vec![init]);
+        let r = read(&p, "gpupart.io/mps").unwrap().unwrap();
+        assert_eq!((r.resource, r.count), (Resource::Gpu, 4));
+    }
+
+    #[test]
+    fn pods_the_controller_cannot_serve_say_why() {
+        let two = pending(serde_json::json!({"limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}}));
+        let e = read(&two, "gpupart.io/mps").unwrap_err();
+        assert!(e.reason.contains("several GPU resources (nvidia.com/gpu, nvidia.com/mig-1g.10gb)"), "{}", e.reason);
+        let ci = pending(serde_json::json!({"limits": {"nvidia.com/mig-1c.3g.40gb": "1"}}));
+        assert!(read(&ci, "gpupart.io/mps").unwrap_err().reason.contains("compute instance"));
+        let frac = pending(serde_json::json!({"limits": {"nvidia.com/gpu": "500m"}}));
+        assert!(read(&frac, "gpupart.io/mps").unwrap_err().reason.contains("'500m', not a whole number"));
+        let cpu = pending(serde_json::json!({"limits": {"cpu": "2"}}));
+        assert_eq!(read(&cpu, "gpupart.io/mps").unwrap(), None);
+    }
+
+    #[test]
+    fn bound_pods_hold_their_node_and_tolerations_mark_dedicated_pods() {
+        let p = pod(serde_json::json!({
+            "metadata": {"namespace": "a", "name": "tp8"},
+            "spec": {"nodeName": "gpu-3", "containers": [{"name": "m", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+                     "tolerations": [{"key": "gpu-dedicated", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]},
+            "status": {"phase": "Running"}
+        }));
+        let r = read(&p, "gpupart.io/mps").unwrap().unwrap();
+        assert_eq!(r.node(), Some("gpu-3"));
+        assert!(r.dedicated);
+        let mut done = p.clone();
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert_eq!(read(&done, "gpupart.io/mps").unwrap(), None);
+        let mps = pending(serde_json::json!({"limits": {"gpupart.io/mps": "1"}}));
+        assert_eq!(read(&mps, "gpupart.io/mps").unwrap().unwrap().resource, Resource::Mps);
+    }
+}

@@ -1,0 +1,393 @@
+//! The controller's loop: batch the changes, and while this replica leads and the off switch is
+//! not set, decide ([`super::decide`]) and carry the decisions out — the generated layout into the
+//! ConfigMap first, then one Node patch — with Events on the pods and nodes and a log line each.
+
+use super::cluster::{node_ref, pod_ref, Cluster, Layouts, WriteError};
+use super::decide::{decide, Decision, Kind, Options, Outcome, World};
+use super::lease::Elector;
+use super::metrics::ControllerMetrics;
+use super::nodes::{GpuNode, Phase};
+use super::pods::{self, GpuPod, NotServed};
+use crate::cli::ControllerArgs;
+use crate::config::ConfigFile;
+use anyhow::Context;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Runs the controller until SIGTERM/SIGINT.
+pub fn run(a: &ControllerArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let code = runtime.block_on(main(a.clone()));
+    runtime.shutdown_background();
+    code
+}
+
+fn identity(a: &ControllerArgs) -> String {
+    a.identity.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    })
+}
+
+/// What the loop remembers between batches (a new leader starts without it: everything it
+/// needs to be safe is on the nodes).
+#[derive(Default)]
+struct Memory {
+    /// Dedicated nodes: since when no pod is bound there.
+    idle_since: BTreeMap<String, i64>,
+    /// Per node changed: the layout requested and since when its pods waited.
+    inflight: BTreeMap<String, (Option<String>, Vec<i64>)>,
+    /// Last reason told to each waiting pod (one Event per new reason).
+    told: BTreeMap<String, String>,
+    /// Whether the last batch found the controller paused.
+    paused: bool,
+}
+
+async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
+    let client = crate::kube::client().await?;
+    let metrics = Arc::new(ControllerMetrics::new());
+    let health = Arc::new(crate::http::Health::default());
+    health.beat();
+    let listener = tokio::net::TcpListener::bind(a.metrics_addr)
+        .await
+        .with_context(|| format!("listening on {}", a.metrics_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+    let state = crate::http::HttpState {
+        health: health.clone(),
+        max_silence_secs: a.resync_interval.as_secs().max(30) * 4,
+        metrics: metrics.clone(),
+    };
+    let limits = crate::http::ServeLimits { max_connections: 32, timeout: Duration::from_secs(5) };
+    tokio::spawn(async move { crate::http::serve(listener, crate::http::router(state), limits).await });
+
+    let me = identity(&a);
+    let (tx, mut rx) = mpsc::channel::<()>(1);
+    let cluster = Cluster::start(client.clone(), a.layouts_configmap.clone(), me.clone(), tx, a.mps_resource.clone());
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        ok = cluster.ready() => if !ok { anyhow::bail!("the node and pod watches stopped before their first list") },
+        _ = term.recv() => return Ok(ExitCode::SUCCESS),
+        _ = int.recv() => return Ok(ExitCode::SUCCESS),
+    }
+    tracing::info!(
+        nodes = cluster.nodes().len(),
+        pods = cluster.pods().len(),
+        dry_run = a.dry_run,
+        "watching nodes and pods"
+    );
+    health.set_ready();
+    let mut elector = Elector::new(client, &a.lease.namespace, &a.lease.name, &me, a.lease_duration);
+    let renew = (a.lease_duration / 3).max(Duration::from_millis(200));
+    let mut renew_tick = tokio::time::interval(renew);
+    let mut resync = tokio::time::interval(a.resync_interval.max(Duration::from_millis(100)));
+    let mut memory = Memory::default();
+    let opts = Options {
+        max_concurrent_nodes: a.max_concurrent_nodes as usize,
+        cooldown_secs: a.cooldown.as_secs() as i64,
+        reclaim_after_secs: a.reclaim_after.as_secs() as i64,
+        mps_replicas: a.mps_replicas,
+    };
+    let mut was_leader = false;
+    loop {
+        let mut batch = false;
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = renew_tick.tick() => {}
+            _ = resync.tick() => batch = true,
+            Some(()) = rx.recv() => {
+                collect_batch(&mut rx, a.batch_window).await;
+                batch = true;
+            }
+        }
+        health.beat();
+        if let Err(e) = elector.try_lead().await {
+            tracing::warn!(error = %e, "reading or renewing the Lease failed");
+        }
+        let leader = elector.is_leader();
+        if leader != was_leader && !leader {
+            tracing::info!(holder = elector.holder().unwrap_or("nobody"), "standing by: another replica leads");
+        }
+        was_leader = leader;
+        metrics.standing(leader, memory.paused);
+        if batch && leader {
+            if let Err(e) = one_batch(&a, &cluster, &elector, &metrics, &opts, &mut memory).await {
+                tracing::warn!(error = %format!("{e:#}"), "the batch failed; retrying at the next change or resync");
+            }
+        }
+    }
+    tracing::info!("shutting down");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Waits for more changes after the first one: at most `window`, cut short after a quiet
+/// second (a fifth of the window when that is shorter).
+async fn collect_batch(rx: &mut mpsc::Receiver<()>, window: Duration) {
+    let deadline = tokio::time::Instant::now() + window;
+    let quiet = (window / 5).min(Duration::from_secs(1));
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let wait = quiet.min(deadline - now);
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(())) => continue,
+            _ => return,
+        }
+    }
+}
+
+/// Reads the caches into the pure inputs; pods the controller cannot serve come back apart.
+fn read_world(cluster: &Cluster, mps_resource: &str) -> (Vec<GpuNode>, Vec<GpuPod>, Vec<NotServed>) {
+    let mut nodes = Vec::new();
+    for n in cluster.nodes() {
+        match GpuNode::read(&n) {
+            Ok(Some(g)) => nodes.push(g),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "skipping a node whose GPU summary does not parse"),
+        }
+    }
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut gpu_pods = Vec::new();
+    let mut refused = Vec::new();
+    for p in cluster.pods() {
+        match pods::read(&p, mps_resource) {
+            Ok(Some(g)) => gpu_pods.push(g),
+            Ok(None) => {}
+            Err(n) => refused.push(n),
+        }
+    }
+    gpu_pods.sort_by(|a, b| a.key.cmp(&b.key));
+    (nodes, gpu_pods, refused)
+}
+
+async fn one_batch(
+    a: &ControllerArgs,
+    cluster: &Cluster,
+    elector: &Elector,
+    metrics: &ControllerMetrics,
+    opts: &Options,
+    memory: &mut Memory,
+) -> anyhow::Result<()> {
+    let now = now_secs();
+    let mut layouts = cluster.layouts().await.with_context(|| format!("reading ConfigMap {}", a.layouts_configmap))?;
+    if layouts.paused != memory.paused {
+        tracing::info!(paused = layouts.paused, configmap = %a.layouts_configmap, "the controller's off switch changed");
+    }
+    memory.paused = layouts.paused;
+    let (nodes, gpu_pods, refused) = read_world(cluster, &a.mps_resource);
+    let config: Option<ConfigFile> = match crate::config::parse(&layouts.text) {
+        Ok(c) => Some(c),
+        Err(_) if layouts.text.trim().is_empty() => None,
+        Err(e) => anyhow::bail!("ConfigMap {}, key {}: {e}", a.layouts_configmap, super::cluster::CONFIG_KEY),
+    };
+    track(memory, &nodes, &gpu_pods, now, metrics);
+    let mut pending: BTreeMap<String, u32> = BTreeMap::new();
+    for p in gpu_pods.iter().filter(|p| p.is_unschedulable()) {
+        *pending.entry(p.resource.name(&a.mps_resource)).or_default() += 1;
+    }
+    let frag = cluster_fragmentation(&nodes);
+    if layouts.paused {
+        metrics.batch(&pending, 0, frag, now as f64);
+        metrics.standing(true, true);
+        return Ok(());
+    }
+    let world = World { nodes: &nodes, pods: &gpu_pods, config: config.as_ref(), now, idle_since: &memory.idle_since };
+    let started = std::time::Instant::now();
+    let outcome = decide(&world, opts);
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        decisions = outcome.decisions.len(),
+        unserved = outcome.not_served.len(),
+        placeable = outcome.placeable,
+        "decided a batch"
+    );
+    for (node, why) in &outcome.held {
+        tracing::debug!(node = %node, reason = %why, "left alone");
+    }
+    metrics.batch(&pending, outcome.not_served.len() + refused.len(), frag, now as f64);
+    carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &mut layouts, &outcome, now).await;
+    let by_key: BTreeMap<&str, &GpuPod> = gpu_pods.iter().map(|p| (p.key.as_str(), p)).collect();
+    let mut still: BTreeSet<String> = BTreeSet::new();
+    for n in outcome.not_served.iter().chain(&refused) {
+        still.insert(n.key.clone());
+        if memory.told.get(&n.key) == Some(&n.reason) {
+            continue;
+        }
+        memory.told.insert(n.key.clone(), n.reason.clone());
+        tracing::info!(pod = %n.key, reason = %n.reason, "not served");
+        let (ns, name) = n.key.split_once('/').unwrap_or(("default", &n.key));
+        let uid = by_key.get(n.key.as_str()).map_or("", |p| p.uid.as_str());
+        cluster.event(&pod_ref(ns, name, uid), true, "NotServed", "Repartition", &n.reason).await;
+    }
+    memory.told.retain(|k, _| still.contains(k));
+    Ok(())
+}
+
+/// Dedicated nodes' idle clocks and the Pending → applied times of changed nodes.
+fn track(memory: &mut Memory, nodes: &[GpuNode], pods: &[GpuPod], now: i64, metrics: &ControllerMetrics) {
+    let bound: BTreeSet<&str> = pods.iter().filter_map(GpuPod::node).collect();
+    for n in nodes {
+        if n.dedicated_by_controller() && !bound.contains(n.name.as_str()) {
+            memory.idle_since.entry(n.name.clone()).or_insert(now);
+        } else {
+            memory.idle_since.remove(&n.name);
+        }
+        let done = memory
+            .inflight
+            .get(&n.name)
+            .is_some_and(|(layout, _)| n.layout() == layout.as_deref() && n.phase() == Phase::Settled);
+        if done {
+            if let Some((_, since)) = memory.inflight.remove(&n.name) {
+                for s in since {
+                    metrics.applied_after((now - s).max(0) as f64);
+                }
+            }
+        }
+    }
+}
+
+fn cluster_fragmentation(nodes: &[GpuNode]) -> Option<f64> {
+    let entries: Vec<(String, Option<String>)> =
+        nodes.iter().map(|n| (n.name.clone(), n.annotations.get("gpupart.io/fragmentation").cloned())).collect();
+    crate::frag::cluster::cluster(&entries).ok().map(|c| c.fragmentation_ratio)
+}
+
+fn verb(kind: &Kind, dry_run: bool) -> (&'static str, &'static str) {
+    match (kind, dry_run) {
+        (Kind::Repartition, true) => ("WillRepartition", "will repartition"),
+        (Kind::Repartition, false) => ("Repartitioning", "repartitioning"),
+        (Kind::Dedicate, true) => ("WillDedicate", "will dedicate"),
+        (Kind::Dedicate, false) => ("Dedicating", "dedicating"),
+        (Kind::Reclaim, true) => ("WillReclaim", "will return to the shared pool"),
+        (Kind::Reclaim, false) => ("Reclaiming", "returning to the shared pool"),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn carry_out(
+    a: &ControllerArgs,
+    cluster: &Cluster,
+    elector: &Elector,
+    metrics: &ControllerMetrics,
+    memory: &mut Memory,
+    nodes: &[GpuNode],
+    pods: &[GpuPod],
+    layouts: &mut Layouts,
+    outcome: &Outcome,
+    now: i64,
+) {
+    let by_key: BTreeMap<&str, &GpuPod> = pods.iter().map(|p| (p.key.as_str(), p)).collect();
+    for d in &outcome.decisions {
+        let Some(node) = nodes.iter().find(|n| n.name == d.node) else { continue };
+        if !a.dry_run && !elector.is_leader() {
+            tracing::warn!("lost the Lease; the remaining decisions are left to the next leader");
+            return;
+        }
+        let (reason, words) = verb(&d.kind, a.dry_run);
+        let layout = match target_layout(d) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(node = %d.node, error = %e, "cannot render the layout; skipped");
+                continue;
+            }
+        };
+        let shown = layout.as_ref().map_or_else(|| "none".to_string(), |g| g.0.clone());
+        let note = format!("{words} node {}: {} (layout {shown})", d.node, d.change);
+        tracing::info!(
+            node = %d.node,
+            kind = d.kind.as_str(),
+            layout = %shown,
+            pods = d.pods.len(),
+            destroyed = d.destroyed,
+            created = d.created,
+            fragmentation_slices = (d.frag * 1000.0).round() / 1000.0,
+            dry_run = a.dry_run,
+            "{note}"
+        );
+        if !a.dry_run {
+            if let Err(e) = apply(cluster, nodes, node, d, layout.as_ref(), layouts, now).await {
+                tracing::warn!(node = %d.node, error = %e, "the change was not made; the next batch decides again");
+                continue;
+            }
+            let since: Vec<i64> = d
+                .pods
+                .iter()
+                .filter_map(|k| by_key.get(k.as_str()))
+                .map(|p| match p.standing {
+                    pods::Standing::Unschedulable { since: Some(s) } => s,
+                    _ => p.created.unwrap_or(now),
+                })
+                .collect();
+            memory.inflight.insert(d.node.clone(), (layout.as_ref().map(|g| g.0.clone()), since));
+        }
+        metrics.decided(d.kind.as_str(), a.dry_run, d.pods.len());
+        let uid = node_uid(cluster, &d.node);
+        let node_note = if d.pods.is_empty() { note.clone() } else { format!("{note}; for {}", d.pods.join(", ")) };
+        cluster.event(&node_ref(&d.node, uid.as_deref()), false, reason, d.kind.as_str(), &node_note).await;
+        for k in &d.pods {
+            let Some(p) = by_key.get(k.as_str()) else { continue };
+            memory.told.remove(k);
+            cluster.event(&pod_ref(&p.namespace, &p.name, &p.uid), false, reason, d.kind.as_str(), &note).await;
+        }
+    }
+}
+
+fn node_uid(cluster: &Cluster, name: &str) -> Option<String> {
+    cluster.nodes().iter().find(|n| n.metadata.name.as_deref() == Some(name)).and_then(|n| n.metadata.uid.clone())
+}
+
+/// The layout a decision requests: a generated one (name, entries), or the one a reclaim
+/// restores (`None` when the node had none).
+fn target_layout(d: &Decision) -> Result<Option<(String, Option<serde_json::Value>)>, String> {
+    match d.kind {
+        Kind::Reclaim => Ok(d.restore.clone().map(|l| (l, None))),
+        _ => super::layouts::generate(d.model, &d.specs).map(|g| Some((g.name, Some(g.entries)))),
+    }
+}
+
+/// Writes the layout (when generated) and then patches the node.
+async fn apply(
+    cluster: &Cluster,
+    nodes: &[GpuNode],
+    node: &GpuNode,
+    d: &Decision,
+    layout: Option<&(String, Option<serde_json::Value>)>,
+    layouts: &mut Layouts,
+    now: i64,
+) -> anyhow::Result<()> {
+    if let Some((name, Some(entries))) = layout {
+        let g = super::layouts::Generated { name: name.clone(), entries: entries.clone() };
+        let mut in_use: BTreeSet<String> =
+            nodes.iter().filter(|n| n.name != node.name).filter_map(|n| n.layout().map(str::to_string)).collect();
+        in_use.insert(name.clone());
+        for attempt in 0..3 {
+            let Some(text) = super::layouts::merge(&layouts.text, std::slice::from_ref(&g), &in_use)? else { break };
+            match cluster.write_layouts(layouts, &text).await {
+                Ok(()) => {
+                    *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
+                    break;
+                }
+                Err(WriteError::Conflict(_)) if attempt < 2 => {
+                    *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The agents watch the ConfigMap: give the new layout a moment to reach them first.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let patch = super::patch::node_patch(node, d, layout.map(|l| l.0.as_str()), now);
+    cluster.patch_node(&node.name, &patch).await?;
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! A small simulated cluster for `gpupart controller` tests: the multi-object API server, one real
+//! agent per node (fake NVML, config from the layouts ConfigMap through the API), the binding
+//! stand-in, and controllers started on demand — every process the real binary, killed on drop.
+
+use super::cluster_api::ClusterApi;
+use super::scheduler::Scheduler;
+use super::{Backend, Node};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Namespace and name of the layouts ConfigMap (the controller's default).
+pub const LAYOUTS: (&str, &str) = ("gpupart", "gpupart-layouts");
+/// The layout label.
+pub const LAYOUT: &str = "nvidia.com/mig.config";
+/// The agent's state label.
+pub const STATE: &str = "nvidia.com/mig.config.state";
+
+/// A child process killed on drop.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The cluster.
+pub struct Rig {
+    /// The API server.
+    pub api: Arc<ClusterApi>,
+    /// Simulated GPUs per node name.
+    pub nodes: BTreeMap<String, Arc<Node>>,
+    /// The binding stand-in.
+    pub scheduler: Option<Scheduler>,
+    agents: Vec<Proc>,
+    /// Scratch directory (kubeconfig, controller logs).
+    pub dir: tempfile::TempDir,
+}
+
+/// Hand-written layouts for the tests.
+pub const CONFIG: &str = "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n  all-3g.40gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 2\n";
+
+impl Rig {
+    /// `names.len()` nodes of `spec` GPUs (`A100-SXM4-80GB:2`), each asked for `layout`, with
+    /// agents running and settled.
+    pub fn start(spec: &str, names: &[&str], layout: &str) -> Self {
+        let api = Arc::new(ClusterApi::start());
+        let dir = tempfile::tempdir().unwrap();
+        api.put(
+            "configmaps",
+            json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
+        );
+        let mut nodes = BTreeMap::new();
+        let mut agents = Vec::new();
+        for name in names {
+            api.put("nodes", json!({"metadata": {"name": name, "labels": {LAYOUT: layout}}, "spec": {}}));
+            let node = Arc::new(Node::with(Backend::Nvml, spec));
+            agents.push(spawn_agent(&api, &node, name));
+            nodes.insert(name.to_string(), node);
+        }
+        let rig = Self { api, nodes, scheduler: None, agents, dir };
+        for name in names {
+            rig.wait(&format!("{name} settles on {layout}"), 60, |r| r.settled(name, layout));
+        }
+        rig
+    }
+
+    /// Starts the binding stand-in.
+    pub fn schedule(&mut self) {
+        self.scheduler = Some(Scheduler::start(self.api.clone(), self.nodes.clone()));
+    }
+
+    /// Starts a controller with `extra` flags; its log (info) goes to `<dir>/<identity>.log`.
+    pub fn controller(&self, identity: &str, extra: &[&str]) -> Proc {
+        let kubeconfig = self.api.kubeconfig(self.dir.path());
+        let log = std::fs::File::create(self.dir.path().join(format!("{identity}.log"))).unwrap();
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpupart"));
+        c.args(["controller", "--identity", identity, "--metrics-addr", "127.0.0.1:0", "--batch-window", "300ms"])
+            .args(["--cooldown", "0s", "--lease-duration", "2s", "--resync-interval", "300ms"])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "gpupart=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        Proc(c.spawn().unwrap())
+    }
+
+    /// A controller's log so far.
+    pub fn log(&self, identity: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{identity}.log"))).unwrap_or_default()
+    }
+
+    /// Whether `node`'s agent reports `layout` applied.
+    pub fn settled(&self, node: &str, layout: &str) -> bool {
+        let Some(n) = self.api.get("nodes", "", node) else { return false };
+        let md = &n["metadata"];
+        md["labels"][LAYOUT] == layout
+            && md["labels"][STATE] == "success"
+            && md["annotations"]["gpupart.io/state-layout"] == layout
+            && md["annotations"]["gpupart.io/gpus"].is_string()
+    }
+
+    /// Waits up to `secs` for `f`, panicking with `what` and the controllers' logs.
+    pub fn wait(&self, what: &str, secs: u64, f: impl Fn(&Rig) -> bool) {
+        let until = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < until {
+            if f(self) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let logs: Vec<String> = std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default()))
+            .collect();
+        let nodes: Vec<Value> = self.api.store().all("nodes").into_iter().map(|n| n["metadata"].clone()).collect();
+        panic!("timed out waiting until {what}\nnodes: {nodes:#?}\n{}", logs.join("\n"));
+    }
+
+    /// A pod's phase and node.
+    pub fn pod(&self, ns: &str, name: &str) -> (String, Option<String>) {
+        let p = self.api.get("pods", ns, name).unwrap_or(Value::Null);
+        (p["status"]["phase"].as_str().unwrap_or("").into(), p["spec"]["nodeName"].as_str().map(str::to_string))
+    }
+
+    /// Each GPU's instances on a node as the agent reports them (`3g.40gb@0*`).
+    pub fn layout_of(&self, node: &str) -> Vec<Vec<String>> {
+        let n = self.api.get("nodes", "", node).unwrap_or(Value::Null);
+        let gpus: Vec<Value> =
+            serde_json::from_str(n["metadata"]["annotations"]["gpupart.io/gpus"].as_str().unwrap_or("[]")).unwrap();
+        gpus.iter()
+            .map(|g| {
+                g["layout"].as_array().into_iter().flatten().filter_map(|x| x.as_str().map(str::to_string)).collect()
+            })
+            .collect()
+    }
+
+    /// The layouts ConfigMap's config.
+    pub fn layouts(&self) -> String {
+        let cm = self.api.get("configmaps", LAYOUTS.0, LAYOUTS.1).unwrap_or(Value::Null);
+        cm["data"]["config.yaml"].as_str().unwrap_or("").to_string()
+    }
+
+    /// Stops the agents (before the nodes' directories go).
+    pub fn stop_agents(&mut self) {
+        self.agents.clear();
+    }
+}
+
+fn spawn_agent(api: &ClusterApi, node: &Node, name: &str) -> Proc {
+    let kubeconfig = api.kubeconfig(node.dir.path());
+    let d = |p: &str| node.dir.path().join(p).to_str().unwrap().to_string();
+    let config_map = format!("{}/{}", LAYOUTS.0, LAYOUTS.1);
+    let args = [
+        "agent",
+        "--config-map",
+        &config_map,
+        "--node-name",
+        name,
+        "--lock-file",
+        &d("agent.lock"),
+        "--reboot-guard",
+        &d("guard"),
+        "--device-plugin-dir",
+        &d("device-plugins"),
+        "--retry-min",
+        "100ms",
+        "--retry-max",
+        "500ms",
+        "--poll-interval",
+        "200ms",
+        "--metrics-interval",
+        "300ms",
+        "--annotation-min-interval",
+        "100ms",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    let log = std::env::var_os("GPUPART_TEST_AGENT_LOG")
+        .and_then(|p| std::fs::File::create(format!("{}.{name}", p.to_string_lossy())).ok());
+    let stderr = log.map_or_else(Stdio::null, Stdio::from);
+    let mut child = node.command(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
+    Proc(child.stdout(Stdio::null()).stderr(stderr).spawn().unwrap())
+}

@@ -1,0 +1,217 @@
+//! A binding stand-in that plays the scheduler and the pods' containers: every 100 ms it binds
+//! each pending GPU pod to a node whose free partitions — as the agent reports them in
+//! `gpupart.io/gpus`, less what it already gave away — fit the request, and starts a "process"
+//! on each device it gives (in that node's simulated GPUs, so the agent sees the device busy);
+//! a pod that fits nowhere gets `PodScheduled=False, reason Unschedulable`. Nodes whose agent is
+//! reconfiguring are skipped (NVIDIA's device plugin is paused then), and the dedicated taint
+//! keeps pods without its toleration away. Deleting a pod stops its processes.
+
+use super::cluster_api::{now_rfc3339, ClusterApi};
+use super::Node;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A device given to a pod: (node, GPU index, placement start; `None` for a whole GPU).
+type Device = (String, u32, Option<u32>);
+
+/// The stand-in, running until dropped.
+pub struct Scheduler {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Devices given, by pod (`namespace/name`).
+    pub given: Arc<Mutex<BTreeMap<String, Vec<Device>>>>,
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// (resource, count) of a pod's GPU request.
+fn request(pod: &Value) -> Option<(String, u32)> {
+    for c in pod["spec"]["containers"].as_array()? {
+        for (k, v) in c["resources"]["limits"].as_object().into_iter().flatten() {
+            if k.starts_with("nvidia.com/") {
+                return Some((k.clone(), v.as_str()?.parse().ok()?));
+            }
+        }
+    }
+    None
+}
+
+fn tolerates_dedicated(pod: &Value) -> bool {
+    pod["spec"]["tolerations"].as_array().is_some_and(|ts| ts.iter().any(|t| t["key"] == "gpu-dedicated"))
+}
+
+fn dedicated(node: &Value) -> bool {
+    node["spec"]["taints"].as_array().is_some_and(|ts| ts.iter().any(|t| t["key"] == "gpu-dedicated"))
+}
+
+/// Free devices of `resource` on a node: from its annotation, less those given away.
+fn free(node: &Value, name: &str, resource: &str, given: &BTreeMap<String, Vec<Device>>) -> Vec<Device> {
+    let Some(text) = node["metadata"]["annotations"]["gpupart.io/gpus"].as_str() else { return Vec::new() };
+    let gpus: Vec<Value> = serde_json::from_str(text).unwrap_or_default();
+    let taken: Vec<&Device> = given.values().flatten().collect();
+    let mut out = Vec::new();
+    for g in gpus {
+        let i = g["i"].as_u64().unwrap_or(0) as u32;
+        if resource == "nvidia.com/gpu" {
+            let d = (name.to_string(), i, None);
+            if g["mode"] == "none" && g["busy"] == false && !taken.contains(&&d) {
+                out.push(d);
+            }
+            continue;
+        }
+        let profile = resource.trim_start_matches("nvidia.com/mig-");
+        for item in g["layout"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+            let Some((p, start)) = item.split_once('@') else { continue };
+            let d = (name.to_string(), i, start.parse().ok());
+            if p == profile && !taken.contains(&&d) && !item.ends_with('*') {
+                out.push(d);
+            }
+        }
+    }
+    out
+}
+
+impl Scheduler {
+    /// Starts binding pods on `api`'s nodes; `nodes` maps node names to their simulated GPUs.
+    pub fn start(api: Arc<ClusterApi>, nodes: BTreeMap<String, Arc<Node>>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let given: Arc<Mutex<BTreeMap<String, Vec<Device>>>> = Arc::default();
+        let (s, g) = (stop.clone(), given.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                step(&api, &nodes, &g);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Self { stop, thread: Some(thread), given }
+    }
+}
+
+fn pid_of(key: &str, k: usize) -> u32 {
+    10_000 + (key.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b))) % 50_000) + k as u32
+}
+
+/// Starts (or stops) a pod's process on a device of a simulated node.
+fn process(node: &Node, d: &Device, pid: u32, on: bool) {
+    let mut s = node.load();
+    let Some(gpu) = s.gpus.iter_mut().find(|g| g.index == d.1) else { return };
+    let procs = match d.2 {
+        None => &mut gpu.processes,
+        Some(start) => match gpu.gpu_instances.iter_mut().find(|gi| gi.placement.start == start) {
+            Some(gi) if !gi.compute_instances.is_empty() => &mut gi.compute_instances[0].processes,
+            _ => return,
+        },
+    };
+    if on {
+        procs.push(gpupart::mig::sim::SimProcess { pid, name: "model-server".into(), used_memory_mib: 1024 });
+    } else {
+        procs.retain(|p| p.pid != pid);
+    }
+    node.save(&s);
+}
+
+fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTreeMap<String, Vec<Device>>>) {
+    let (pods, kube_nodes) = {
+        let s = api.store();
+        (
+            s.all("pods").into_iter().cloned().collect::<Vec<_>>(),
+            s.all("nodes").into_iter().cloned().collect::<Vec<_>>(),
+        )
+    };
+    let mut given = given.lock().unwrap();
+    // Pods deleted: their processes stop.
+    let live: Vec<String> = pods.iter().map(key).collect();
+    let gone: Vec<String> = given.keys().filter(|k| !live.contains(k)).cloned().collect();
+    for k in gone {
+        for (n, d) in given.remove(&k).unwrap_or_default().iter().enumerate() {
+            if let Some(node) = nodes.get(&d.0) {
+                process(node, d, pid_of(&k, n), false);
+            }
+        }
+    }
+    for pod in &pods {
+        if !pod["spec"]["nodeName"].is_null() {
+            continue;
+        }
+        let Some((resource, count)) = request(pod) else { continue };
+        let k = key(pod);
+        let fit = kube_nodes.iter().find_map(|n| {
+            let name = n["metadata"]["name"].as_str()?.to_string();
+            let state = n["metadata"]["labels"]["nvidia.com/mig.config.state"].as_str().unwrap_or("");
+            if matches!(state, "pending" | "rebooting") || (dedicated(n) && !tolerates_dedicated(pod)) {
+                return None;
+            }
+            let f = free(n, &name, &resource, &given);
+            (f.len() >= count as usize).then(|| (name, f[..count as usize].to_vec()))
+        });
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+        let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+        match fit {
+            Some((node, devices)) => {
+                for (n, d) in devices.iter().enumerate() {
+                    process(&nodes[&node], d, pid_of(&k, n), true);
+                }
+                given.insert(k.clone(), devices);
+                let patch = json!({"spec": {"nodeName": node}, "status": {"phase": "Running", "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}]}});
+                api.change(|s| {
+                    let key = ("pods".to_string(), ns, name);
+                    if let Some(mut cur) = s.objects.get(&key).cloned() {
+                        super::cluster_api::merge(&mut cur, &patch);
+                        s.put(key, cur);
+                    }
+                });
+            }
+            None => {
+                let marked = pod["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["reason"] == "Unschedulable"));
+                if !marked {
+                    let message = format!("0/{} nodes are available: insufficient {resource}", kube_nodes.len());
+                    let patch = json!({"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                        "reason": "Unschedulable", "message": message, "lastTransitionTime": now_rfc3339()}]}});
+                    api.change(|s| {
+                        let key = ("pods".to_string(), ns, name);
+                        if let Some(mut cur) = s.objects.get(&key).cloned() {
+                            super::cluster_api::merge(&mut cur, &patch);
+                            s.put(key, cur);
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn key(pod: &Value) -> String {
+    format!(
+        "{}/{}",
+        pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+        pod["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+/// A pod asking for `count` of `resource` (`nvidia.com/mig-1g.10gb`, `nvidia.com/gpu`).
+pub fn gpu_pod(ns: &str, name: &str, resource: &str, count: u32, dedicated: bool) -> Value {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"containers": [{"name": "server", "image": "vllm", "resources": {"limits": {resource: count.to_string()}}}]},
+        "status": {"phase": "Pending"}
+    });
+    if dedicated {
+        p["spec"]["tolerations"] =
+            json!([{"key": "gpu-dedicated", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]);
+    }
+    p
+}
