@@ -100,3 +100,106 @@ fn dry_run_reports_what_it_would_do_and_changes_nothing() {
     );
     assert_eq!(rig.pod("serving", "small-0").0, "Pending");
 }
+
+#[test]
+fn a_tensor_parallel_pod_gets_an_idle_node_dedicated_which_returns_after_the_reclaim_time() {
+    let mut rig = Rig::start("H100-SXM5-80GB:8", &["gpu-a", "gpu-b"], "all-3g.40gb");
+    rig.schedule();
+    rig.api.put("pods", gpu_pod("serving", "llm-0", "nvidia.com/mig-3g.40gb", 1, false));
+    rig.wait("the 3g.40gb pod runs", 30, |r| r.pod("serving", "llm-0").0 == "Running");
+    let busy_node = rig.pod("serving", "llm-0").1.unwrap();
+    let idle_node = if busy_node == "gpu-a" { "gpu-b" } else { "gpu-a" };
+    rig.wait("the agent sees it busy", 30, |r| r.layout_of(&busy_node).iter().flatten().any(|i| i.ends_with('*')));
+    let _c = rig.controller("c1", &["--reclaim-after", "2s"]);
+    rig.api.put("pods", gpu_pod("training", "tp8", "nvidia.com/gpu", 8, true));
+    rig.wait("the TP=8 pod runs", 60, |r| r.pod("training", "tp8").0 == "Running");
+    assert_eq!(rig.pod("training", "tp8").1.as_deref(), Some(idle_node));
+    let node = rig.api.get("nodes", "", idle_node).unwrap();
+    assert_eq!(node["metadata"]["labels"]["gpu-pool"], "dedicated");
+    assert_eq!(node["spec"]["taints"][0]["key"], "gpu-dedicated");
+    assert_eq!(node["metadata"]["annotations"]["gpupart.io/reclaim-layout"], "all-3g.40gb");
+    assert_eq!(rig.api.node_label(&busy_node, LAYOUT).as_deref(), Some("all-3g.40gb"), "the busy node stays");
+    assert!(rig.api.events().iter().any(|(n, r, note)| n == "tp8" && r == "Dedicating" && note.contains(idle_node)));
+    // The job ends; two seconds later the node is back in the shared pool with its layout.
+    rig.api.delete("pods", "training", "tp8");
+    rig.wait("the node returns to all-3g.40gb", 60, |r| r.settled(idle_node, "all-3g.40gb"));
+    let node = rig.api.get("nodes", "", idle_node).unwrap();
+    assert!(node["metadata"]["labels"]["gpu-pool"].is_null(), "{node}");
+    assert!(node["spec"]["taints"].as_array().is_none_or(|t| t.is_empty()), "{node}");
+    assert!(node["metadata"]["annotations"]["gpupart.io/reclaim-layout"].is_null());
+    assert!(rig.api.events().iter().any(|(n, r, _)| n == idle_node && r == "Reclaiming"));
+}
+
+#[test]
+fn a_leader_killed_mid_decision_leaves_no_node_half_changed_and_its_replacement_finishes() {
+    let rig = busy_cluster();
+    let c1 = rig.controller("c1", &[]);
+    rig.wait("c1 leads", 30, |r| r.log("c1").contains("became the leader"));
+    let _c2 = rig.controller("c2", &[]);
+    rig.wait("c2 stands by", 30, |r| r.log("c2").contains("standing by"));
+    let before = rig.layouts();
+    rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
+    // Kill c1 between its two writes: the layout is in the ConfigMap, no node asks for it yet.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while rig.layouts() == before && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let mut c1 = c1;
+    let _ = c1.0.kill();
+    let _ = c1.0.wait();
+    let asked: Vec<Option<String>> =
+        ["gpu-a", "gpu-b", "gpu-c"].iter().map(|n| rig.api.node_label(n, LAYOUT)).collect();
+    assert!(asked.iter().all(|l| l.as_deref() == Some("all-3g.40gb")), "killed after the node patch: {asked:?}");
+    rig.wait("c2 takes over and serves the pod", 60, |r| r.pod("serving", "small-0").0 == "Running");
+    assert!(rig.log("c2").contains("became the leader"));
+    let config = rig.layouts();
+    for n in ["gpu-a", "gpu-b", "gpu-c"] {
+        let node = rig.api.get("nodes", "", n).unwrap();
+        let label = node["metadata"]["labels"][LAYOUT].as_str().unwrap().to_string();
+        assert!(config.contains(&format!("{label}:")), "{n} asks for {label}, which the config lacks");
+        let changed = node["metadata"]["annotations"]["gpupart.io/controller-changed-at"].is_string();
+        assert_eq!(changed, label != "all-3g.40gb", "{n}: label and annotations change together");
+    }
+}
+
+#[test]
+fn the_off_switch_pauses_the_controller() {
+    let rig = busy_cluster();
+    rig.api.change(|s| {
+        let key = ("configmaps".to_string(), "gpupart".to_string(), "gpupart-layouts".to_string());
+        let mut cm = s.objects.get(&key).cloned().unwrap();
+        cm["metadata"]["annotations"] = serde_json::json!({"gpupart.io/controller": "off"});
+        s.put(key, cm);
+    });
+    let _c = rig.controller("c1", &[]);
+    rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
+    rig.wait("c1 notices the switch", 30, |r| r.log("c1").contains("off switch"));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(["gpu-a", "gpu-b", "gpu-c"]
+        .iter()
+        .all(|n| rig.api.node_label(n, LAYOUT).as_deref() == Some("all-3g.40gb")));
+    assert_eq!(rig.pod("serving", "small-0").0, "Pending");
+    rig.api.change(|s| {
+        let key = ("configmaps".to_string(), "gpupart".to_string(), "gpupart-layouts".to_string());
+        let mut cm = s.objects.get(&key).cloned().unwrap();
+        cm["metadata"]["annotations"] = serde_json::json!({});
+        s.put(key, cm);
+    });
+    rig.wait("the pod is served once switched on", 60, |r| r.pod("serving", "small-0").0 == "Running");
+}
+
+#[test]
+fn a_burst_of_200_pending_pods_is_handled_in_a_few_batches() {
+    let names: Vec<String> = (0..16).map(|i| format!("gpu-{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut rig = Rig::start("A100-SXM4-80GB:2", &refs, "all-3g.40gb");
+    rig.schedule();
+    let _c = rig.controller("c1", &["--max-concurrent-nodes", "16", "--batch-window", "2s"]);
+    rig.wait("c1 leads", 30, |r| r.log("c1").contains("became the leader"));
+    for i in 0..200 {
+        rig.api.put("pods", gpu_pod("burst", &format!("p-{i:03}"), "nvidia.com/mig-1g.10gb", 1, false));
+    }
+    rig.wait("all 200 pods run", 120, |r| (0..200).all(|i| r.pod("burst", &format!("p-{i:03}")).0 == "Running"));
+    let batches = rig.log("c1").lines().filter(|l| l.contains("batch decided")).count();
+    assert!((1..=3).contains(&batches), "{batches} batches:\n{}", rig.log("c1"));
+}

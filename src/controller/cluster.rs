@@ -187,6 +187,11 @@ impl Cluster {
         api.patch(name, &pp, &Patch::Merge(patch)).await.map(|_| ()).map_err(|e| write_error(format!("node {name}"), e))
     }
 
+    /// Reads one Node fresh from the API (not the cache).
+    pub async fn get_node(&self, name: &str) -> Result<Node, kube::Error> {
+        Api::<Node>::all(self.client.clone()).get(name).await
+    }
+
     /// Records an Event about `regarding` (failures are logged, never fatal).
     pub async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, action: &str, note: &str) {
         let ns = regarding.namespace.clone().unwrap_or_else(|| "default".into());

@@ -129,14 +129,43 @@ struct Choice {
 /// Option combinations searched exhaustively on one node; beyond, GPU by GPU.
 const EXHAUSTIVE: usize = 4096;
 
-/// Evaluates picks (one option per GPU) on a node: the score, the units that go to waiting pods
-/// (the greedy's guide) and the pods unblocked; `None` when a pod there would lose its units.
-fn evaluate(
-    c: &Candidate,
-    opts: &[Vec<GpuOption>],
-    picks: &[usize],
-    unmet: &[&GpuPod],
-) -> Option<(Score, u32, Vec<String>)> {
+/// The waiting pods by resource, smallest request first (then oldest), with running totals:
+/// how many fit in `free` units is a binary search.
+struct Waiting<'p> {
+    by_resource: BTreeMap<&'p Resource, (Vec<&'p GpuPod>, Vec<u32>)>,
+}
+
+impl<'p> Waiting<'p> {
+    fn new(unmet: &[&'p GpuPod]) -> Self {
+        let mut by_resource: BTreeMap<&Resource, (Vec<&GpuPod>, Vec<u32>)> = BTreeMap::new();
+        for p in unmet {
+            by_resource.entry(&p.resource).or_default().0.push(p);
+        }
+        for (pods, totals) in by_resource.values_mut() {
+            pods.sort_by_key(|p| (p.count, p.created, p.key.clone()));
+            let mut sum = 0;
+            *totals = pods
+                .iter()
+                .map(|p| {
+                    sum += p.count;
+                    sum
+                })
+                .collect();
+        }
+        Self { by_resource }
+    }
+
+    /// Pods of `r` that fit in `free` units, and the units they would use.
+    fn fitting(&self, r: &Resource, free: u32) -> (usize, u32) {
+        let Some((_, totals)) = self.by_resource.get(r) else { return (0, 0) };
+        let n = totals.partition_point(|t| *t <= free);
+        (n, if n == 0 { 0 } else { totals[n - 1] })
+    }
+}
+
+/// Evaluates picks (one option per GPU) on a node: the score and the units that go to waiting
+/// pods (the greedy's guide); `None` when a pod there would lose its units.
+fn evaluate(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &Waiting) -> Option<(Score, u32)> {
     let mut offered = Counts::new();
     let (mut destroyed, mut created, mut frag) = (0i64, 0i64, 0.0f64);
     for (g, &k) in picks.iter().enumerate() {
@@ -146,25 +175,44 @@ fn evaluate(
         created += i64::from(o.created);
         frag += o.frag;
     }
-    let resources: BTreeSet<&Resource> =
-        c.ledger.held.keys().chain(c.ledger.assigned.keys()).chain(unmet.iter().map(|p| &p.resource)).collect();
-    let (mut unblocked, mut useful, mut pods) = (0usize, 0u32, Vec::new());
-    for r in resources {
-        let need = c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
-        let have = offered.get(r).copied().unwrap_or(0);
-        if have < need {
+    let (mut unblocked, mut useful) = (0usize, 0u32);
+    for (r, need) in held_and_assigned(&c.ledger) {
+        if offered.get(r).copied().unwrap_or(0) < need {
             return None;
         }
-        let free = have - need;
-        let mut waiting: Vec<&&GpuPod> = unmet.iter().filter(|p| &p.resource == r).collect();
-        let counts: Vec<u32> = waiting.iter().map(|p| p.count).collect();
-        let n = pods_fitting(&counts, free);
-        waiting.sort_by_key(|p| (p.count, p.created, p.key.clone()));
-        pods.extend(waiting.iter().take(n).map(|p| p.key.clone()));
-        unblocked += n;
-        useful += free.min(counts.iter().sum());
     }
-    Some(((unblocked, -destroyed, -created, -(frag * 1000.0).round() as i64), useful, pods))
+    for (r, have) in &offered {
+        let need = c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
+        let (n, units) = waiting.fitting(r, have.saturating_sub(need));
+        unblocked += n;
+        useful += units;
+    }
+    Some(((unblocked, -destroyed, -created, -(frag * 1000.0).round() as i64), useful))
+}
+
+/// Units each resource's bound pods, busy devices and already-placed waiting pods need.
+fn held_and_assigned(l: &NodeLedger) -> impl Iterator<Item = (&Resource, u32)> {
+    l.held
+        .keys()
+        .chain(l.assigned.keys())
+        .map(|r| (r, l.held.get(r).copied().unwrap_or(0) + l.assigned.get(r).copied().unwrap_or(0)))
+}
+
+/// The pods the picks unblock, smallest request first.
+fn unblocked_pods(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &Waiting) -> Vec<String> {
+    let mut offered = Counts::new();
+    for (g, &k) in picks.iter().enumerate() {
+        super::capacity::add(&mut offered, &opts[g][k].offers);
+    }
+    let mut out = Vec::new();
+    for (r, have) in &offered {
+        let need = c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
+        let (n, _) = waiting.fitting(r, have.saturating_sub(need));
+        if let Some((pods, _)) = waiting.by_resource.get(r) {
+            out.extend(pods.iter().take(n).map(|p| p.key.clone()));
+        }
+    }
+    out
 }
 
 /// Every combination of one option per GPU (when there are few), else none.
@@ -192,12 +240,12 @@ fn combinations(opts: &[Vec<GpuOption>]) -> Option<Vec<Vec<usize>>> {
 /// The best change of one node for the waiting pods: exhaustive over the GPUs' options when
 /// they are few; otherwise GPU by GPU the option that helps most (units toward waiting pods
 /// break ties toward pods that need several GPUs), then every change that no longer helps undone.
-fn best_on_node(c: &Candidate, opts: &[Vec<GpuOption>], unmet: &[&GpuPod]) -> Option<Choice> {
+fn best_on_node(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Choice> {
     let picks = match combinations(opts) {
         Some(all) => {
             let mut best: Option<(Score, usize, Vec<usize>)> = None;
             for p in all {
-                let Some((s, _, _)) = evaluate(c, opts, &p, unmet) else { continue };
+                let Some((s, _)) = evaluate(c, opts, &p, waiting) else { continue };
                 let changed = p.iter().filter(|k| **k > 0).count();
                 if best.as_ref().is_none_or(|(b, bc, _)| (s, std::cmp::Reverse(changed)) > (*b, std::cmp::Reverse(*bc)))
                 {
@@ -206,22 +254,22 @@ fn best_on_node(c: &Candidate, opts: &[Vec<GpuOption>], unmet: &[&GpuPod]) -> Op
             }
             best?.2
         }
-        None => greedy(c, opts, unmet)?,
+        None => greedy(c, opts, waiting)?,
     };
-    let (score, _, pods) = evaluate(c, opts, &picks, unmet)?;
-    (score.0 > 0).then_some(Choice { picks, pods, score })
+    let (score, _) = evaluate(c, opts, &picks, waiting)?;
+    (score.0 > 0).then(|| Choice { pods: unblocked_pods(c, opts, &picks, waiting), picks, score })
 }
 
-fn greedy(c: &Candidate, opts: &[Vec<GpuOption>], unmet: &[&GpuPod]) -> Option<Vec<usize>> {
+fn greedy(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Vec<usize>> {
     let mut picks = vec![0usize; opts.len()];
     let guide = |s: Score, useful: u32| (s.0, useful, s.1, s.2, s.3);
-    let (s, u, _) = evaluate(c, opts, &picks, unmet)?;
+    let (s, u) = evaluate(c, opts, &picks, waiting)?;
     let mut best = guide(s, u);
     for g in 0..opts.len() {
         for k in 1..opts[g].len() {
             let mut p = picks.clone();
             p[g] = k;
-            if let Some((s, u, _)) = evaluate(c, opts, &p, unmet) {
+            if let Some((s, u)) = evaluate(c, opts, &p, waiting) {
                 if guide(s, u) > best {
                     best = guide(s, u);
                     picks = p;
@@ -235,8 +283,8 @@ fn greedy(c: &Candidate, opts: &[Vec<GpuOption>], unmet: &[&GpuPod]) -> Option<V
         }
         let mut p = picks.clone();
         p[g] = 0;
-        let (now, _, _) = evaluate(c, opts, &picks, unmet)?;
-        if let Some((s, _, _)) = evaluate(c, opts, &p, unmet) {
+        let (now, _) = evaluate(c, opts, &picks, waiting)?;
+        if let Some((s, _)) = evaluate(c, opts, &p, waiting) {
             if s >= now {
                 picks = p;
             }
@@ -320,6 +368,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         let shared: Vec<&GpuPod> =
             unmet.iter().copied().filter(|p| !(p.dedicated && p.resource == Resource::Gpu && p.count > 1)).collect();
         let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
+        let waiting = Waiting::new(&shared);
         let mut best: Option<(Score, usize, Decision)> = None;
         for &i in changeable.iter().filter(|i| !taken.contains(i)) {
             let c = &cands[i];
@@ -347,7 +396,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                         .clone()
                 })
                 .collect();
-            if let Some(ch) = best_on_node(c, &node_opts, &shared) {
+            if let Some(ch) = best_on_node(c, &node_opts, &waiting) {
                 if best.as_ref().is_none_or(|(b, _, _)| ch.score > *b) {
                     let specs = ch.picks.iter().enumerate().map(|(g, &k)| node_opts[g][k].spec.clone()).collect();
                     let sum = |f: fn(&GpuOption) -> f64| {

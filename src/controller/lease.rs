@@ -70,6 +70,18 @@ impl Elector {
         self.renewed.is_some_and(|t| t.elapsed() < self.duration.mul_f64(0.8))
     }
 
+    /// Renews the Lease when a third of its duration has passed since the last renewal (long
+    /// work between renewals keeps it); returns whether this replica may act.
+    pub async fn renew_if_due(&mut self) -> bool {
+        if self.renewed.is_some_and(|t| t.elapsed() < self.duration / 3) {
+            return true;
+        }
+        if let Err(e) = self.try_lead().await {
+            tracing::warn!(error = %e, "renewing the Lease failed");
+        }
+        self.is_leader()
+    }
+
     /// Who holds the Lease, as last seen.
     pub fn holder(&self) -> Option<&str> {
         self.holder.as_deref()

@@ -41,6 +41,24 @@ pub fn node_patch(node: &GpuNode, d: &Decision, layout: Option<&str>, now: i64) 
     patch
 }
 
+/// Whether a decision made on `read` still holds for `fresh` (the node as it is now): nobody
+/// changed what the controller sets (layout, pool, taints, its annotations) and the GPUs are as
+/// they were (nothing newly busy). Then a patch refused for a stale resourceVersion, because the
+/// agent wrote its status meanwhile, is retried on the fresh node.
+pub fn still_holds(read: &GpuNode, fresh: &GpuNode) -> bool {
+    let ours = |n: &GpuNode| {
+        (
+            n.layout().map(str::to_string),
+            n.labels.get(POOL_LABEL).cloned(),
+            n.taints.iter().map(|t| (t.key.clone(), t.value.clone(), t.effect.clone())).collect::<Vec<_>>(),
+            n.annotations.get(CHANGED_AT).cloned(),
+            n.annotations.get(RECLAIM_LAYOUT).cloned(),
+            n.cordoned,
+        )
+    };
+    ours(read) == ours(fresh) && read.gpus == fresh.gpus
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +98,20 @@ mod tests {
         let back = node_patch(&n, &decision(Kind::Reclaim), None, 43);
         assert!(back["metadata"]["labels"][LAYOUT_LABEL].is_null() && back["metadata"]["labels"][POOL_LABEL].is_null());
         assert_eq!(back["spec"]["taints"].as_array().unwrap().len(), 1);
+        let mut agent_wrote = n.clone();
+        agent_wrote.resource_version = Some("8".into());
+        agent_wrote.annotations.insert("gpupart.io/state-reason".into(), "applied".into());
+        assert!(still_holds(&n, &agent_wrote), "the agent's own status does not void a decision");
+        let mut relabelled = agent_wrote.clone();
+        relabelled.labels.insert(LAYOUT_LABEL.into(), "by-hand".into());
+        assert!(!still_holds(&n, &relabelled), "a person's relabel does");
+        let mut busier = agent_wrote.clone();
+        busier.gpus.push(busier.gpus.first().cloned().unwrap_or_else(|| {
+            crate::fleet::current::from_annotation("n", r#"[{"i":0,"model":"L4-24GB","mode":"none","busy":true}]"#)
+                .unwrap()
+                .remove(0)
+        }));
+        assert!(!still_holds(&n, &busier), "changed GPUs do");
         let plain = node_patch(&n, &decision(Kind::Repartition), Some("x"), 44);
         assert!(plain.get("spec").is_none());
         assert_eq!(plain["metadata"]["annotations"][LAST_DECISION], "repartition: GPU 0: +1 1g.10gb");

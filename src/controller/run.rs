@@ -4,6 +4,7 @@
 
 use super::cluster::{node_ref, pod_ref, Cluster, Layouts, WriteError};
 use super::decide::{decide, Decision, Kind, Options, Outcome, World};
+use super::layouts::Generated;
 use super::lease::Elector;
 use super::metrics::ControllerMetrics;
 use super::nodes::{GpuNode, Phase};
@@ -96,7 +97,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         reclaim_after_secs: a.reclaim_after.as_secs() as i64,
         mps_replicas: a.mps_replicas,
     };
-    let mut was_leader = false;
+    let mut was_leader: Option<bool> = None;
     loop {
         let mut batch = false;
         tokio::select! {
@@ -114,13 +115,13 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(error = %e, "reading or renewing the Lease failed");
         }
         let leader = elector.is_leader();
-        if leader != was_leader && !leader {
+        if was_leader != Some(leader) && !leader {
             tracing::info!(holder = elector.holder().unwrap_or("nobody"), "standing by: another replica leads");
         }
-        was_leader = leader;
+        was_leader = Some(leader);
         metrics.standing(leader, memory.paused);
         if batch && leader {
-            if let Err(e) = one_batch(&a, &cluster, &elector, &metrics, &opts, &mut memory).await {
+            if let Err(e) = one_batch(&a, &cluster, &mut elector, &metrics, &opts, &mut memory).await {
                 tracing::warn!(error = %format!("{e:#}"), "the batch failed; retrying at the next change or resync");
             }
         }
@@ -174,7 +175,7 @@ fn read_world(cluster: &Cluster, mps_resource: &str) -> (Vec<GpuNode>, Vec<GpuPo
 async fn one_batch(
     a: &ControllerArgs,
     cluster: &Cluster,
-    elector: &Elector,
+    elector: &mut Elector,
     metrics: &ControllerMetrics,
     opts: &Options,
     memory: &mut Memory,
@@ -216,6 +217,16 @@ async fn one_batch(
         tracing::debug!(node = %node, reason = %why, "left alone");
     }
     metrics.batch(&pending, outcome.not_served.len() + refused.len(), frag, now as f64);
+    if !outcome.decisions.is_empty() {
+        let unblocked: usize = outcome.decisions.iter().map(|d| d.pods.len()).sum();
+        tracing::info!(
+            decisions = outcome.decisions.len(),
+            unblocked,
+            unserved = outcome.not_served.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "batch decided"
+        );
+    }
     carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &mut layouts, &outcome, now).await;
     let by_key: BTreeMap<&str, &GpuPod> = gpu_pods.iter().map(|p| (p.key.as_str(), p)).collect();
     let mut still: BTreeSet<String> = BTreeSet::new();
@@ -238,7 +249,7 @@ async fn one_batch(
 fn track(memory: &mut Memory, nodes: &[GpuNode], pods: &[GpuPod], now: i64, metrics: &ControllerMetrics) {
     let bound: BTreeSet<&str> = pods.iter().filter_map(GpuPod::node).collect();
     for n in nodes {
-        if n.dedicated_by_controller() && !bound.contains(n.name.as_str()) {
+        if n.dedicated_by_controller() && n.phase() == Phase::Settled && !bound.contains(n.name.as_str()) {
             memory.idle_since.entry(n.name.clone()).or_insert(now);
         } else {
             memory.idle_since.remove(&n.name);
@@ -278,7 +289,7 @@ fn verb(kind: &Kind, dry_run: bool) -> (&'static str, &'static str) {
 async fn carry_out(
     a: &ControllerArgs,
     cluster: &Cluster,
-    elector: &Elector,
+    elector: &mut Elector,
     metrics: &ControllerMetrics,
     memory: &mut Memory,
     nodes: &[GpuNode],
@@ -288,21 +299,36 @@ async fn carry_out(
     now: i64,
 ) {
     let by_key: BTreeMap<&str, &GpuPod> = pods.iter().map(|p| (p.key.as_str(), p)).collect();
+    let mut planned: Vec<(&Decision, &GpuNode, Target)> = Vec::new();
     for d in &outcome.decisions {
         let Some(node) = nodes.iter().find(|n| n.name == d.node) else { continue };
-        if !a.dry_run && !elector.is_leader() {
+        match target_layout(d) {
+            Ok(l) => planned.push((d, node, l)),
+            Err(e) => tracing::warn!(node = %d.node, error = %e, "cannot render the layout; skipped"),
+        }
+    }
+    if !a.dry_run && !planned.is_empty() {
+        if !elector.renew_if_due().await {
+            tracing::warn!("lost the Lease; the decisions are left to the next leader");
+            return;
+        }
+        let generated: Vec<Generated> = planned
+            .iter()
+            .filter_map(|(_, _, t)| if let Target::Generated(g) = t { Some(g.clone()) } else { None })
+            .collect();
+        let requested: BTreeSet<String> = planned.iter().filter_map(|(_, _, t)| t.name().map(str::to_string)).collect();
+        if let Err(e) = write_layouts(cluster, nodes, requested, &generated, layouts).await {
+            tracing::warn!(error = %format!("{e:#}"), "writing the layouts failed; the next batch decides again");
+            return;
+        }
+    }
+    for (d, node, layout) in planned {
+        if !a.dry_run && !elector.renew_if_due().await {
             tracing::warn!("lost the Lease; the remaining decisions are left to the next leader");
             return;
         }
         let (reason, words) = verb(&d.kind, a.dry_run);
-        let layout = match target_layout(d) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(node = %d.node, error = %e, "cannot render the layout; skipped");
-                continue;
-            }
-        };
-        let shown = layout.as_ref().map_or_else(|| "none".to_string(), |g| g.0.clone());
+        let shown = layout.name().unwrap_or("none").to_string();
         let note = format!("{words} node {}: {} (layout {shown})", d.node, d.change);
         tracing::info!(
             node = %d.node,
@@ -316,8 +342,8 @@ async fn carry_out(
             "{note}"
         );
         if !a.dry_run {
-            if let Err(e) = apply(cluster, nodes, node, d, layout.as_ref(), layouts, now).await {
-                tracing::warn!(node = %d.node, error = %e, "the change was not made; the next batch decides again");
+            if let Err(e) = patch_node(cluster, node, d, layout.name(), now).await {
+                tracing::warn!(node = %d.node, error = %format!("{e:#}"), "the change was not made; the next batch decides again");
                 continue;
             }
             let since: Vec<i64> = d
@@ -329,7 +355,7 @@ async fn carry_out(
                     _ => p.created.unwrap_or(now),
                 })
                 .collect();
-            memory.inflight.insert(d.node.clone(), (layout.as_ref().map(|g| g.0.clone()), since));
+            memory.inflight.insert(d.node.clone(), (layout.name().map(str::to_string), since));
         }
         metrics.decided(d.kind.as_str(), a.dry_run, d.pods.len());
         let uid = node_uid(cluster, &d.node);
@@ -343,51 +369,87 @@ async fn carry_out(
     }
 }
 
+/// Patches the node with the decision; when the patch is refused because the node changed since
+/// it was read, and only the agent's status changed, once more on the fresh node.
+async fn patch_node(
+    cluster: &Cluster,
+    node: &GpuNode,
+    d: &Decision,
+    layout: Option<&str>,
+    now: i64,
+) -> anyhow::Result<()> {
+    let patch = super::patch::node_patch(node, d, layout, now);
+    match cluster.patch_node(&node.name, &patch).await {
+        Err(WriteError::Conflict(what)) => {
+            let fresh = cluster.get_node(&node.name).await.with_context(|| format!("re-reading node {}", node.name))?;
+            match GpuNode::read(&fresh) {
+                Ok(Some(f)) if super::patch::still_holds(node, &f) => {
+                    cluster.patch_node(&node.name, &super::patch::node_patch(&f, d, layout, now)).await?;
+                    Ok(())
+                }
+                _ => Err(WriteError::Conflict(what).into()),
+            }
+        }
+        r => Ok(r?),
+    }
+}
+
 fn node_uid(cluster: &Cluster, name: &str) -> Option<String> {
     cluster.nodes().iter().find(|n| n.metadata.name.as_deref() == Some(name)).and_then(|n| n.metadata.uid.clone())
 }
 
-/// The layout a decision requests: a generated one (name, entries), or the one a reclaim
-/// restores (`None` when the node had none).
-fn target_layout(d: &Decision) -> Result<Option<(String, Option<serde_json::Value>)>, String> {
-    match d.kind {
-        Kind::Reclaim => Ok(d.restore.clone().map(|l| (l, None))),
-        _ => super::layouts::generate(d.model, &d.specs).map(|g| Some((g.name, Some(g.entries)))),
+/// The layout a decision requests.
+enum Target {
+    /// A generated layout, written into the ConfigMap first.
+    Generated(Generated),
+    /// The layout a reclaimed node had before.
+    Restore(String),
+    /// No layout (a reclaimed node that had none).
+    Unset,
+}
+
+impl Target {
+    fn name(&self) -> Option<&str> {
+        match self {
+            Target::Generated(g) => Some(&g.name),
+            Target::Restore(n) => Some(n),
+            Target::Unset => None,
+        }
     }
 }
 
-/// Writes the layout (when generated) and then patches the node.
-async fn apply(
+fn target_layout(d: &Decision) -> Result<Target, String> {
+    match (&d.kind, &d.restore) {
+        (Kind::Reclaim, Some(l)) => Ok(Target::Restore(l.clone())),
+        (Kind::Reclaim, None) => Ok(Target::Unset),
+        _ => super::layouts::generate(d.model, &d.specs).map(Target::Generated),
+    }
+}
+
+/// Writes the batch's generated layouts into the ConfigMap in one update (generated layouts no
+/// node requests are dropped), before any node asks for them.
+async fn write_layouts(
     cluster: &Cluster,
     nodes: &[GpuNode],
-    node: &GpuNode,
-    d: &Decision,
-    layout: Option<&(String, Option<serde_json::Value>)>,
+    requested: BTreeSet<String>,
+    generated: &[Generated],
     layouts: &mut Layouts,
-    now: i64,
 ) -> anyhow::Result<()> {
-    if let Some((name, Some(entries))) = layout {
-        let g = super::layouts::Generated { name: name.clone(), entries: entries.clone() };
-        let mut in_use: BTreeSet<String> =
-            nodes.iter().filter(|n| n.name != node.name).filter_map(|n| n.layout().map(str::to_string)).collect();
-        in_use.insert(name.clone());
-        for attempt in 0..3 {
-            let Some(text) = super::layouts::merge(&layouts.text, std::slice::from_ref(&g), &in_use)? else { break };
-            match cluster.write_layouts(layouts, &text).await {
-                Ok(()) => {
-                    *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
-                    break;
-                }
-                Err(WriteError::Conflict(_)) if attempt < 2 => {
-                    *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
-                }
-                Err(e) => return Err(e.into()),
-            }
+    // Layouts nodes request now stay too (a node whose patch fails keeps asking for its own);
+    // the next write drops them once no node does.
+    let mut in_use: BTreeSet<String> = nodes.iter().filter_map(|n| n.layout().map(str::to_string)).collect();
+    in_use.extend(requested);
+    for attempt in 0..3 {
+        let Some(text) = super::layouts::merge(&layouts.text, generated, &in_use)? else { return Ok(()) };
+        match cluster.write_layouts(layouts, &text).await {
+            Ok(()) => break,
+            Err(WriteError::Conflict(_)) if attempt < 2 => {}
+            Err(e) => return Err(e.into()),
         }
-        // The agents watch the ConfigMap: give the new layout a moment to reach them first.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
     }
-    let patch = super::patch::node_patch(node, d, layout.map(|l| l.0.as_str()), now);
-    cluster.patch_node(&node.name, &patch).await?;
+    *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
+    // The agents watch the ConfigMap: give the new layouts a moment to reach them first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
 }

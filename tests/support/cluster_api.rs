@@ -86,7 +86,8 @@ impl Store {
         object
     }
 
-    fn delete(&mut self, key: &Key) -> Option<Value> {
+    /// Deletes an object (a DELETED watch event); returns it.
+    pub fn delete(&mut self, key: &Key) -> Option<Value> {
         let old = self.objects.remove(key)?;
         self.rv += 1;
         self.changes.push(Change { rv: self.rv, kind: "DELETED", key: key.clone(), object: old.clone() });
@@ -403,6 +404,11 @@ impl ClusterApi {
         let ns = object["metadata"]["namespace"].as_str().unwrap_or("").to_string();
         let name = object["metadata"]["name"].as_str().unwrap_or("").to_string();
         self.change(|s| s.put((plural.into(), ns, name), object));
+    }
+
+    /// Deletes an object, as `kubectl delete` does (watchers see DELETED).
+    pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        self.change(|s| s.delete(&(plural.into(), ns.into(), name.into())))
     }
 
     /// An object's current JSON.

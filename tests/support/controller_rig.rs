@@ -79,9 +79,18 @@ impl Rig {
         let kubeconfig = self.api.kubeconfig(self.dir.path());
         let log = std::fs::File::create(self.dir.path().join(format!("{identity}.log"))).unwrap();
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpupart"));
-        c.args(["controller", "--identity", identity, "--metrics-addr", "127.0.0.1:0", "--batch-window", "300ms"])
-            .args(["--cooldown", "0s", "--lease-duration", "2s", "--resync-interval", "300ms"])
-            .args(extra)
+        c.args(["controller", "--identity", identity, "--metrics-addr", "127.0.0.1:0"]);
+        for (flag, value) in [
+            ("--batch-window", "300ms"),
+            ("--cooldown", "0s"),
+            ("--lease-duration", "2s"),
+            ("--resync-interval", "300ms"),
+        ] {
+            if !extra.contains(&flag) {
+                c.args([flag, value]);
+            }
+        }
+        c.args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "gpupart=info")
             .stdout(Stdio::null())
