@@ -3,7 +3,8 @@
 
 mod support;
 
-use support::controller_rig::{Rig, LAYOUT};
+use support::controller_rig::{Rig, LAYOUT, LAYOUTS};
+use support::rbac::{assert_allowed, Permissions};
 use support::scheduler::gpu_pod;
 
 /// Three nodes of two A100s in `all-3g.40gb`; the stand-in fills all but one 3g.40gb instance.
@@ -22,6 +23,11 @@ fn busy_cluster() -> Rig {
         busy == 11
     });
     rig
+}
+
+/// A series' value in a classic-text scrape.
+fn value(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 fn instances(rig: &Rig) -> Vec<(String, usize, String)> {
@@ -72,6 +78,25 @@ fn pending_small_pods_get_partitions_with_the_fewest_changes_and_no_busy_instanc
     for n in ["gpu-a", "gpu-b", "gpu-c"].iter().filter(|n| **n != changed) {
         assert_eq!(rig.api.node_label(n, LAYOUT).as_deref(), Some("all-3g.40gb"));
     }
+    // The controller's metrics say what it did, and time it from Pending to applied.
+    rig.wait("the metrics settle", 30, |r| {
+        let m = r.metrics("c1");
+        value(&m, "gpupart_controller_pending_to_applied_seconds_count") == Some(3.0)
+            && !m.contains("gpupart_controller_pending_gpu_pods{")
+    });
+    let m = rig.metrics("c1");
+    support::promtool(&m);
+    for (series, want) in [
+        ("gpupart_controller_decisions_total{kind=\"repartition\",mode=\"applied\"}", 1.0),
+        ("gpupart_controller_decisions_total{kind=\"dedicate\",mode=\"applied\"}", 0.0),
+        ("gpupart_controller_pods_unblocked_total", 3.0),
+        ("gpupart_controller_unserved_gpu_pods", 0.0),
+        ("gpupart_controller_leader", 1.0),
+        ("gpupart_controller_paused", 0.0),
+    ] {
+        assert_eq!(value(&m, series), Some(want), "{series} in\n{m}");
+    }
+    assert!(m.contains("gpupart_controller_cluster_fragmentation_ratio "), "{m}");
 }
 
 #[test]
@@ -128,6 +153,14 @@ fn a_tensor_parallel_pod_gets_an_idle_node_dedicated_which_returns_after_the_rec
     assert!(node["spec"]["taints"].as_array().is_none_or(|t| t.is_empty()), "{node}");
     assert!(node["metadata"]["annotations"]["gpupart.io/reclaim-layout"].is_null());
     assert!(rig.api.events().iter().any(|(n, r, _)| n == idle_node && r == "Reclaiming"));
+    assert_eq!(value(&rig.metrics("c1"), "gpupart_controller_reclaimed_nodes_total"), Some(1.0));
+    // Everything the controller and the agents asked of the API, their manifests' RBAC allows.
+    let file = |f: &str| format!("{}/{f}", env!("CARGO_MANIFEST_DIR"));
+    let (controller, daemonset) = (file("deploy/controller.yaml"), file("daemonset.yaml"));
+    let theirs = Permissions::of(&[&controller], "gpupart-system", "gpupart-controller");
+    assert_allowed(&theirs, &rig.api.requests_by("controller"), "the controller");
+    let agents = Permissions::of(&[&daemonset], "gpupart-system", "gpupart-agent");
+    assert_allowed(&agents, &rig.api.requests_by("agent"), "the agents");
 }
 
 #[test]
@@ -166,7 +199,7 @@ fn a_leader_killed_mid_decision_leaves_no_node_half_changed_and_its_replacement_
 fn the_off_switch_pauses_the_controller() {
     let rig = busy_cluster();
     rig.api.change(|s| {
-        let key = ("configmaps".to_string(), "gpupart".to_string(), "gpupart-layouts".to_string());
+        let key = ("configmaps".to_string(), LAYOUTS.0.to_string(), LAYOUTS.1.to_string());
         let mut cm = s.objects.get(&key).cloned().unwrap();
         cm["metadata"]["annotations"] = serde_json::json!({"gpupart.io/controller": "off"});
         s.put(key, cm);
@@ -180,7 +213,7 @@ fn the_off_switch_pauses_the_controller() {
         .all(|n| rig.api.node_label(n, LAYOUT).as_deref() == Some("all-3g.40gb")));
     assert_eq!(rig.pod("serving", "small-0").0, "Pending");
     rig.api.change(|s| {
-        let key = ("configmaps".to_string(), "gpupart".to_string(), "gpupart-layouts".to_string());
+        let key = ("configmaps".to_string(), LAYOUTS.0.to_string(), LAYOUTS.1.to_string());
         let mut cm = s.objects.get(&key).cloned().unwrap();
         cm["metadata"]["annotations"] = serde_json::json!({});
         s.put(key, cm);

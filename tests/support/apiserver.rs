@@ -471,10 +471,14 @@ impl ApiServer {
 
 /// Writes a kubeconfig for an API server on 127.0.0.1:`port` into `dir` and returns its path.
 pub fn kubeconfig_for(port: u16, dir: &Path) -> PathBuf {
-    let p = dir.join("kubeconfig");
+    kubeconfig_with(port, &dir.join("kubeconfig"), "{}")
+}
+
+/// Writes a kubeconfig at `path` for a server on `port` with this `user` entry (YAML flow).
+pub fn kubeconfig_with(port: u16, path: &Path, user: &str) -> PathBuf {
     let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\nusers:\n- name: test\n  user: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: http://127.0.0.1:{port}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\nusers:\n- name: test\n  user: {user}\n"
     );
-    std::fs::write(&p, text).unwrap();
-    p
+    std::fs::write(path, text).unwrap();
+    path.to_path_buf()
 }

@@ -51,8 +51,8 @@ pub struct Store {
     pub rv: u64,
     /// Every change, in order.
     pub changes: Vec<Change>,
-    /// Every request: (method, path?query, fieldManager).
-    pub requests: Vec<(String, String, Option<String>)>,
+    /// Every request: (method, path?query, fieldManager, the bearer token's user).
+    pub requests: Vec<(String, String, Option<String>, Option<String>)>,
     /// Per (object, field manager): the label and annotation keys it owns through apply.
     pub managed: HashMap<(Key, String), (BTreeSet<String>, BTreeSet<String>)>,
     /// Answer the next requests that match (method, path prefix) with this status code.
@@ -203,7 +203,12 @@ async fn handle(
     let manager = q.get("fieldManager").cloned();
     {
         let mut s = sh.store.lock().unwrap();
-        s.requests.push((method.to_string(), uri.to_string(), manager.clone()));
+        let user = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_string);
+        s.requests.push((method.to_string(), uri.to_string(), manager.clone(), user));
         if let Some(i) = s.fail.iter().position(|(m, p, _)| *m == method.as_str() && path.starts_with(p.as_str())) {
             let (_, _, code) = s.fail.remove(i);
             return status(code, "InternalError", "injected failure");
@@ -438,9 +443,25 @@ impl ClusterApi {
         self.store()
             .requests
             .iter()
-            .filter(|(m, _, fm)| m != "GET" && fm.as_deref() == Some(manager))
-            .map(|(m, p, _)| (m.clone(), p.clone()))
+            .filter(|(m, _, fm, _)| m != "GET" && fm.as_deref() == Some(manager))
+            .map(|(m, p, _, _)| (m.clone(), p.clone()))
             .collect()
+    }
+
+    /// Writes a kubeconfig into `dir` that authenticates as `user` (a bearer token the server
+    /// records with each request) and returns its path.
+    pub fn kubeconfig_as(&self, dir: &Path, user: &str) -> PathBuf {
+        super::apiserver::kubeconfig_with(
+            self.port,
+            &dir.join(format!("kubeconfig-{user}")),
+            &format!("{{token: {user}}}"),
+        )
+    }
+
+    /// Every request made as `user`: (method, path?query).
+    pub fn requests_by(&self, user: &str) -> Vec<(String, String)> {
+        let s = self.store();
+        s.requests.iter().filter(|r| r.3.as_deref() == Some(user)).map(|r| (r.0.clone(), r.1.clone())).collect()
     }
 
     /// Writes a kubeconfig for this server into `dir` and returns its path.

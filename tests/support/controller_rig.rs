@@ -11,8 +11,9 @@ use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Namespace and name of the layouts ConfigMap (the controller's default).
-pub const LAYOUTS: (&str, &str) = ("gpupart", "gpupart-layouts");
+/// Namespace and name of the layouts ConfigMap (as deploy/controller.yaml and daemonset.yaml
+/// name it).
+pub const LAYOUTS: (&str, &str) = ("gpupart-system", "gpupart-config");
 /// The layout label.
 pub const LAYOUT: &str = "nvidia.com/mig.config";
 /// The agent's state label.
@@ -76,31 +77,61 @@ impl Rig {
 
     /// Starts a controller with `extra` flags; its log (info) goes to `<dir>/<identity>.log`.
     pub fn controller(&self, identity: &str, extra: &[&str]) -> Proc {
-        let kubeconfig = self.api.kubeconfig(self.dir.path());
+        // Each controller authenticates as `controller` (the RBAC test reads its requests).
+        let kubeconfig = self.api.kubeconfig_as(self.dir.path(), "controller");
         let log = std::fs::File::create(self.dir.path().join(format!("{identity}.log"))).unwrap();
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpupart"));
-        c.args(["controller", "--identity", identity, "--metrics-addr", "127.0.0.1:0"]);
-        for (flag, value) in [
+        // The shipped Deployment's flags, then the rig's (quick batches, short lease), then `extra`.
+        let mut flags: Vec<(String, Option<String>)> = Vec::new();
+        let mut set = |flag: &str, value: Option<&str>| {
+            flags.retain(|(f, _)| f != flag);
+            flags.push((flag.to_string(), value.map(str::to_string)));
+        };
+        for arg in deployment_args() {
+            let (f, v) = arg.split_once('=').map_or((arg.as_str(), None), |(f, v)| (f, Some(v)));
+            set(f, v);
+        }
+        for (f, v) in [
+            ("--metrics-addr", "127.0.0.1:0"),
             ("--batch-window", "300ms"),
             ("--cooldown", "0s"),
             ("--lease-duration", "2s"),
             ("--resync-interval", "300ms"),
+            ("--identity", identity),
         ] {
-            if !extra.contains(&flag) {
-                c.args([flag, value]);
-            }
+            set(f, Some(v));
         }
-        c.args(extra)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "gpupart=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log));
+        let mut i = 0;
+        while i < extra.len() {
+            let value = extra.get(i + 1).filter(|v| !v.starts_with("--")).copied();
+            set(extra[i], value);
+            i += 1 + usize::from(value.is_some());
+        }
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpupart"));
+        c.arg("controller");
+        for (f, v) in flags {
+            c.arg(f);
+            c.args(v);
+        }
+        c.env("KUBECONFIG", kubeconfig).env("RUST_LOG", "gpupart=info").stdout(Stdio::null()).stderr(Stdio::from(log));
         Proc(c.spawn().unwrap())
     }
 
     /// A controller's log so far.
     pub fn log(&self, identity: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{identity}.log"))).unwrap_or_default()
+    }
+
+    /// A controller's `/metrics` body (its port from the "serving" log line).
+    pub fn metrics(&self, identity: &str) -> String {
+        let log = self.log(identity);
+        let port: u16 = log
+            .lines()
+            .find_map(|l| l.split("addr=127.0.0.1:").nth(1))
+            .and_then(|p| p.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
+        let response = super::http_get(port, "/metrics");
+        response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or(response)
     }
 
     /// Whether `node`'s agent reports `layout` applied.
@@ -162,8 +193,19 @@ impl Rig {
     }
 }
 
+/// The controller container's arguments in deploy/controller.yaml, after the verb.
+pub fn deployment_args() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/controller.yaml");
+    let docs = serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let d = docs.iter().find(|d| d["kind"] == "Deployment").expect("deploy/controller.yaml has a Deployment");
+    let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
+    assert_eq!(args[0], "controller");
+    args[1..].iter().map(|a| a.as_str().unwrap().to_string()).collect()
+}
+
 fn spawn_agent(api: &ClusterApi, node: &Node, name: &str) -> Proc {
-    let kubeconfig = api.kubeconfig(node.dir.path());
+    // Agents authenticate as `agent` (the RBAC test reads their requests).
+    let kubeconfig = api.kubeconfig_as(node.dir.path(), "agent");
     let d = |p: &str| node.dir.path().join(p).to_str().unwrap().to_string();
     let config_map = format!("{}/{}", LAYOUTS.0, LAYOUTS.1);
     let args = [

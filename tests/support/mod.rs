@@ -9,6 +9,7 @@ pub mod controller_rig;
 pub mod kube_agent;
 pub mod kubelet;
 pub mod pod_resources;
+pub mod rbac;
 pub mod scheduler;
 
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
