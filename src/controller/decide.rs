@@ -126,8 +126,8 @@ struct Choice {
     score: Score,
 }
 
-/// Option combinations searched exhaustively on one node; beyond, GPU by GPU.
-const EXHAUSTIVE: usize = 4096;
+/// Most partial states the exact search of one node keeps; beyond, GPU by GPU.
+const STATES: usize = 20_000;
 
 /// The waiting pods by resource, smallest request first (then oldest), with running totals:
 /// how many fit in `free` units is a binary search.
@@ -215,45 +215,75 @@ fn unblocked_pods(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiti
     out
 }
 
-/// Every combination of one option per GPU (when there are few), else none.
-fn combinations(opts: &[Vec<GpuOption>]) -> Option<Vec<Vec<usize>>> {
-    let total = opts.iter().try_fold(1usize, |acc, o| acc.checked_mul(o.len()).filter(|n| *n <= EXHAUSTIVE))?;
-    let mut out = Vec::with_capacity(total);
-    let mut cur = vec![0usize; opts.len()];
-    loop {
-        out.push(cur.clone());
-        let mut g = 0;
-        loop {
-            if g == opts.len() {
-                return Some(out);
-            }
-            cur[g] += 1;
-            if cur[g] < opts[g].len() {
-                break;
-            }
-            cur[g] = 0;
-            g += 1;
-        }
-    }
-}
-
-/// The best change of one node for the waiting pods: exhaustive over the GPUs' options when
-/// they are few; otherwise GPU by GPU the option that helps most (units toward waiting pods
-/// break ties toward pods that need several GPUs), then every change that no longer helps undone.
-fn best_on_node(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Choice> {
-    let picks = match combinations(opts) {
-        Some(all) => {
-            let mut best: Option<(Score, usize, Vec<usize>)> = None;
-            for p in all {
-                let Some((s, _)) = evaluate(c, opts, &p, waiting) else { continue };
-                let changed = p.iter().filter(|k| **k > 0).count();
-                if best.as_ref().is_none_or(|(b, bc, _)| (s, std::cmp::Reverse(changed)) > (*b, std::cmp::Reverse(*bc)))
-                {
-                    best = Some((s, changed, p));
+/// The exact best picks on one node, by dynamic programming over its GPUs: the state is what
+/// the GPUs so far offer of each resource that matters (held, placed or waited for), capped at
+/// what could be used, and each state keeps its cheapest picks (fewest destroyed, then created,
+/// then least fragmentation, then fewest GPUs changed). The score depends only on the final state
+/// and the costs add up, so this is the best over every combination. `None` when the states
+/// outgrow [`STATES`] (then the greedy decides).
+fn exact(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Option<Vec<usize>>> {
+    let need =
+        |r: &Resource| c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
+    let keys: BTreeSet<&Resource> =
+        c.ledger.held.keys().chain(c.ledger.assigned.keys()).chain(waiting.by_resource.keys().copied()).collect();
+    let axes: Vec<(&Resource, u32)> = keys
+        .into_iter()
+        .map(|r| (r, need(r) + waiting.by_resource.get(r).and_then(|(_, t)| t.last()).copied().unwrap_or(0)))
+        .collect();
+    let cheaper =
+        |a: &Cost, b: &Cost| (a.0, a.1).cmp(&(b.0, b.1)).then(a.2.total_cmp(&b.2)).then(a.3.cmp(&b.3)).is_lt();
+    let mut states: BTreeMap<Vec<u32>, (Cost, Vec<usize>)> =
+        BTreeMap::from([(vec![0; axes.len()], ((0, 0, 0.0, 0), Vec::new()))]);
+    for gpu in opts {
+        let mut next: BTreeMap<Vec<u32>, (Cost, Vec<usize>)> = BTreeMap::new();
+        for (state, (cost, picks)) in &states {
+            for (k, o) in gpu.iter().enumerate() {
+                let st: Vec<u32> = axes
+                    .iter()
+                    .zip(state)
+                    .map(|((r, cap), have)| (have + o.offers.get(*r).copied().unwrap_or(0)).min(*cap))
+                    .collect();
+                let nc: Cost = (
+                    cost.0 + i64::from(o.destroyed),
+                    cost.1 + i64::from(o.created),
+                    cost.2 + o.frag,
+                    cost.3 + usize::from(k > 0),
+                );
+                if next.get(&st).is_none_or(|(old, _)| cheaper(&nc, old)) {
+                    let mut p = picks.clone();
+                    p.push(k);
+                    next.insert(st, (nc, p));
                 }
             }
-            best?.2
         }
+        if next.len() > STATES {
+            return None;
+        }
+        states = next;
+    }
+    let mut best: Option<(Score, usize, Vec<usize>)> = None;
+    for (state, (cost, picks)) in states {
+        if axes.iter().zip(&state).any(|((r, _), have)| *have < need(r)) {
+            continue;
+        }
+        let unblocked: usize = axes.iter().zip(&state).map(|((r, _), have)| waiting.fitting(r, have - need(r)).0).sum();
+        let s: Score = (unblocked, -cost.0, -cost.1, -(cost.2 * 1000.0).round() as i64);
+        if best.as_ref().is_none_or(|(b, bc, _)| (s, std::cmp::Reverse(cost.3)) > (*b, std::cmp::Reverse(*bc))) {
+            best = Some((s, cost.3, picks));
+        }
+    }
+    Some(best.map(|b| b.2))
+}
+
+/// A partial choice's cost: destroyed, created, fragmentation, GPUs changed.
+type Cost = (i64, i64, f64, usize);
+
+/// The best change of one node for the waiting pods: exact ([`exact`]) unless its states
+/// outgrow the bound; then GPU by GPU the option that helps most (units toward waiting pods break
+/// ties toward pods that need several GPUs), then every change that no longer helps undone.
+fn best_on_node(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Choice> {
+    let picks = match exact(c, opts, waiting) {
+        Some(best) => best?,
         None => greedy(c, opts, waiting)?,
     };
     let (score, _) = evaluate(c, opts, &picks, waiting)?;
