@@ -161,14 +161,17 @@ fn gpu_strategy() -> impl Strategy<Value = GpuPicks> {
     ]
 }
 
-fn cluster_strategy() -> impl Strategy<Value = (Vec<(usize, Vec<GpuPicks>)>, Vec<(usize, bool, u32)>)> {
+/// Nodes (model index, GPUs) and pending pods (wanted profile index, whole GPU, count).
+type ClusterSpec = (Vec<(usize, Vec<GpuPicks>)>, Vec<(usize, bool, u32)>);
+
+fn cluster_strategy() -> impl Strategy<Value = ClusterSpec> {
     (
         proptest::collection::vec((0usize..2, proptest::collection::vec(gpu_strategy(), 1..3)), 1..4),
         proptest::collection::vec((0usize..WANTED.len(), proptest::bool::weighted(0.15), 1u32..3), 1..7),
     )
 }
 
-fn build(spec: &(Vec<(usize, Vec<GpuPicks>)>, Vec<(usize, bool, u32)>)) -> (Vec<GpuNode>, Vec<GpuPod>) {
+fn build(spec: &ClusterSpec) -> (Vec<GpuNode>, Vec<GpuPod>) {
     let nodes: Vec<GpuNode> =
         spec.0.iter().enumerate().map(|(i, (m, gpus))| node(&format!("n{i}"), MODELS[*m], gpus)).collect();
     let pods = spec
