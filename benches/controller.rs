@@ -1,0 +1,569 @@
+//! `gpupart controller` in simulation: a 48-hour demand trace (diurnal small-model traffic whose
+//! profile mix shifts between day and night, plus tensor-parallel jobs of 8 whole GPUs) replayed
+//! minute by minute over 16 nodes of 8 H100-SXM5-80GB, with three policies:
+//!
+//! - **static**: 12 shared nodes in one fixed mix (`3g.40gb + 2g.20gb + 2 × 1g.10gb` per GPU) and
+//!   4 dedicated nodes, never changed;
+//! - **nos-style**: the same start; every minute every node with a better layout for the pending
+//!   pods is repartitioned at once, with no cool-down, and a changed GPU is rebuilt: every idle
+//!   instance on it is torn down and the new geometry created (busy ones stay), as nos's MIG
+//!   partitioner applies a new geometry; the dedicated nodes stay as they are;
+//! - **controller**: the same start (the 4 dedicated nodes as the controller would have made
+//!   them); every minute the real decision (`gpupart::controller::decide`) with the defaults
+//!   (2 nodes at once, 1 min cool-down, reclaim after 30 min), each decision applied as the agent
+//!   applies it (the node planner's minimal diff) through the real node patch.
+//!
+//! A node that changes takes 2 minutes (3 with a MIG mode change) before pods bind to it.
+//! The scheduler binds pending pods first fit, oldest first, every minute.
+//!
+//! Run: `cargo bench --bench controller`.
+
+use gpupart::controller::decide::{decide, Decision, Kind, Options, World};
+use gpupart::controller::layouts::generate;
+use gpupart::controller::nodes::{GpuNode, RECLAIM_LAYOUT};
+use gpupart::controller::patch::node_patch;
+use gpupart::controller::pods::{GpuPod, Resource, Standing, DEDICATED_TAINT_KEY};
+use gpupart::fleet::current::{CurrentGpu, CurrentInstance};
+use gpupart::fleet::report::{GpuSpec, LAYOUT_LABEL, POOL_LABEL};
+use gpupart::kube::keys::{STATE_LABEL, STATE_LAYOUT};
+use gpupart::layout::DesiredDevices;
+use gpupart::mig::catalog::{self, Model};
+use gpupart::mig::{ProfileName, ProfileTable};
+use gpupart::observed::{GiState, Process};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+const MODEL: &str = "H100-SXM5-80GB";
+const NODES: usize = 16;
+const GPUS: usize = 8;
+const DEDICATED: usize = 4;
+const MINUTES: u32 = 48 * 60;
+const STATIC_LAYOUT: &str = "balanced";
+
+/// splitmix64: a fixed, dependency-free stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A pod of the trace.
+#[derive(Clone)]
+struct TracePod {
+    arrive: u32,
+    life: u32,
+    resource: Resource,
+    count: u32,
+    tp: bool,
+}
+
+fn trace(peak: f64) -> Vec<TracePod> {
+    let mut rng = Rng(42);
+    let mut out = Vec::new();
+    let p = |s: &str| Resource::Mig(s.parse::<ProfileName>().expect("profile"));
+    for t in 0..MINUTES {
+        let day = (f64::from(t) / 1440.0 * std::f64::consts::TAU - std::f64::consts::FRAC_PI_2).sin();
+        // `peak` arrivals a minute at mid-day, a fifth of it at night.
+        let rate = peak * (0.6 + 0.4 * day);
+        let n = rate.floor() as u32 + u32::from(rng.next() < rate.fract());
+        for _ in 0..n {
+            // Day: more small chat models (1g.10gb); night: more 3g.40gb batch models.
+            let (p1, p2) = (0.5 + 0.2 * day, 0.3);
+            let u = rng.next();
+            let r = if u < p1 {
+                p("1g.10gb")
+            } else if u < p1 + p2 {
+                p("2g.20gb")
+            } else {
+                p("3g.40gb")
+            };
+            out.push(TracePod { arrive: t, life: 30 + (rng.next() * 120.0) as u32, resource: r, count: 1, tp: false });
+        }
+    }
+    // Tensor-parallel jobs: one every 4 hours, two at once twice, 3 hours each.
+    let mut jobs: Vec<u32> = (0..12).map(|k| 60 + k * 240).collect();
+    jobs.extend([13 * 60, 37 * 60, 20 * 60 + 30, 44 * 60 + 30]);
+    for t in jobs {
+        out.push(TracePod { arrive: t, life: 180, resource: Resource::Gpu, count: 8, tp: true });
+    }
+    out.sort_by_key(|p| p.arrive);
+    out
+}
+
+#[derive(Clone)]
+struct SimInstance {
+    profile: ProfileName,
+    start: u32,
+    pod: Option<usize>,
+}
+
+#[derive(Clone)]
+struct SimGpu {
+    mig: bool,
+    instances: Vec<SimInstance>,
+    whole: Option<usize>,
+}
+
+struct SimNode {
+    meta: GpuNode,
+    gpus: Vec<SimGpu>,
+    ready_at: u32,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Policy {
+    Static,
+    Nos,
+    Controller,
+}
+
+struct Sim {
+    model: &'static Model,
+    table: ProfileTable,
+    nodes: Vec<SimNode>,
+    layouts: BTreeMap<String, Vec<GpuSpec>>,
+    pods: Vec<TracePod>,
+    bound: Vec<Option<(usize, u32)>>,
+    ended: Vec<bool>,
+    destroyed: u64,
+    destroyed_for_pools: u64,
+    changes: u64,
+    idle_since: BTreeMap<String, i64>,
+}
+
+fn mixed() -> GpuSpec {
+    GpuSpec::Mig(vec![("1g.10gb".into(), 2), ("2g.20gb".into(), 1), ("3g.40gb".into(), 1)])
+}
+
+impl Sim {
+    fn new(pods: Vec<TracePod>) -> Self {
+        let model = catalog::lookup(MODEL).expect("model");
+        let table = model.profile_table();
+        let mut layouts = BTreeMap::from([(STATIC_LAYOUT.to_string(), vec![mixed(); GPUS])]);
+        let off = generate(model, &vec![GpuSpec::Off; GPUS]).expect("layout");
+        layouts.insert(off.name.clone(), vec![GpuSpec::Off; GPUS]);
+        let n = pods.len();
+        let mut sim = Sim {
+            model,
+            table,
+            nodes: Vec::new(),
+            layouts,
+            pods,
+            bound: vec![None; n],
+            ended: vec![false; n],
+            destroyed: 0,
+            destroyed_for_pools: 0,
+            changes: 0,
+            idle_since: BTreeMap::new(),
+        };
+        for i in 0..NODES {
+            let dedicated = i >= NODES - DEDICATED;
+            let layout = if dedicated { off.name.clone() } else { STATIC_LAYOUT.to_string() };
+            let mut meta = GpuNode {
+                name: format!("gpu-{i:02}"),
+                labels: BTreeMap::from([(LAYOUT_LABEL.to_string(), layout.clone())]),
+                annotations: BTreeMap::new(),
+                taints: Vec::new(),
+                gpus: Vec::new(),
+                resource_version: Some("1".into()),
+                cordoned: false,
+            };
+            if dedicated {
+                meta.labels.insert(POOL_LABEL.into(), "dedicated".into());
+                meta.annotations.insert(RECLAIM_LAYOUT.into(), STATIC_LAYOUT.into());
+                meta.taints = serde_json::from_value(
+                    serde_json::json!([{"key": DEDICATED_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]),
+                )
+                .expect("taint");
+            }
+            let gpus = vec![SimGpu { mig: false, instances: Vec::new(), whole: None }; GPUS];
+            sim.nodes.push(SimNode { meta, gpus, ready_at: 0 });
+            let specs = sim.layouts[&layout].clone();
+            for (g, s) in specs.iter().enumerate() {
+                sim.apply_gpu(i, g, s, false);
+            }
+        }
+        sim.destroyed = 0;
+        sim
+    }
+
+    fn slices(&self, p: &ProfileName) -> u32 {
+        self.table.profiles.iter().find(|x| &x.name == p).map_or(0, |x| x.slices)
+    }
+
+    /// Applies a spec to one GPU: the node planner's diff, or (`rebuild`) every idle instance
+    /// torn down first. Returns whether the GPU's MIG mode changed.
+    fn apply_gpu(&mut self, n: usize, g: usize, spec: &GpuSpec, rebuild: bool) -> bool {
+        let gpu = &mut self.nodes[n].gpus[g];
+        match spec {
+            GpuSpec::Off => {
+                let was = gpu.mig;
+                if gpu.instances.iter().any(|i| i.pod.is_some()) {
+                    return false;
+                }
+                self.destroyed += gpu.instances.len() as u64;
+                gpu.instances.clear();
+                gpu.mig = false;
+                was
+            }
+            GpuSpec::Mps { .. } => false,
+            GpuSpec::Mig(devs) => {
+                let was = gpu.mig;
+                if !gpu.mig && gpu.whole.is_some() {
+                    return false;
+                }
+                gpu.mig = true;
+                if rebuild {
+                    let idle = gpu.instances.iter().filter(|i| i.pod.is_none()).count();
+                    self.destroyed += idle as u64;
+                    gpu.instances.retain(|i| i.pod.is_some());
+                }
+                let states: Vec<GiState> = gpu
+                    .instances
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, i)| {
+                        let p = self.table.profiles.iter().find(|p| p.name == i.profile)?;
+                        let pl = p.placements.iter().copied().find(|pl| pl.start == i.start)?;
+                        let mut s = GiState::with_full_ci(&self.table, k as u32 + 1, p.id, pl)?;
+                        if i.pod.is_some() {
+                            s.processes.push(Process { pid: 1, name: "pod".into(), used_memory_mib: 1 });
+                        }
+                        Some(s)
+                    })
+                    .collect();
+                let devices: Vec<(ProfileName, u32)> =
+                    devs.iter().filter_map(|(p, c)| Some((p.parse().ok()?, *c))).collect();
+                let Ok(desired) = DesiredDevices::resolve(&self.table, &devices) else { return false };
+                let Ok(plan) = gpupart::plan::plan(&self.table, &states, &desired, false) else { return false };
+                let old = std::mem::take(&mut gpu.instances);
+                let by_id = |id: u32| old.get(id as usize - 1).cloned();
+                let mut next: Vec<SimInstance> = Vec::new();
+                next.extend(plan.keep.iter().filter_map(|k| by_id(k.gi_id)));
+                next.extend(plan.reshape.iter().filter_map(|k| by_id(k.gi_id)));
+                for c in &plan.create {
+                    if let Ok(p) = c.name.parse() {
+                        next.push(SimInstance { profile: p, start: c.placement.start, pod: None });
+                    }
+                }
+                self.destroyed += plan.destroy.len() as u64;
+                gpu.instances = next;
+                was != gpu.mig
+            }
+        }
+    }
+
+    fn current(&self, n: usize) -> Vec<CurrentGpu> {
+        self.nodes[n]
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| CurrentGpu {
+                index: i as u32,
+                model: MODEL.into(),
+                mig: g.mig,
+                instances: g
+                    .instances
+                    .iter()
+                    .map(|x| CurrentInstance { profile: x.profile.clone(), start: x.start, busy: x.pod.is_some() })
+                    .collect(),
+                busy: g.whole.is_some(),
+                mps_slots: None,
+            })
+            .collect()
+    }
+
+    /// The nodes as the controller reads them at minute `t`.
+    fn world_nodes(&self, t: u32) -> Vec<GpuNode> {
+        (0..self.nodes.len())
+            .map(|n| {
+                let mut m = self.nodes[n].meta.clone();
+                m.gpus = self.current(n);
+                let layout = m.layout().unwrap_or("").to_string();
+                let state = if t >= self.nodes[n].ready_at { "success" } else { "pending" };
+                m.labels.insert(STATE_LABEL.into(), state.into());
+                m.annotations.insert(STATE_LAYOUT.into(), layout);
+                m
+            })
+            .collect()
+    }
+
+    fn world_pods(&self, t: u32, skip_tp: bool) -> Vec<GpuPod> {
+        let mut out = Vec::new();
+        for (i, p) in self.pods.iter().enumerate() {
+            if p.arrive > t || self.ended[i] || (skip_tp && p.tp && self.bound[i].is_none()) {
+                continue;
+            }
+            let standing = match self.bound[i] {
+                Some((n, _)) => Standing::Bound { node: self.nodes[n].meta.name.clone() },
+                None => Standing::Unschedulable { since: Some(i64::from(p.arrive) * 60) },
+            };
+            out.push(GpuPod {
+                key: format!("trace/p{i}"),
+                namespace: "trace".into(),
+                name: format!("p{i}"),
+                uid: String::new(),
+                resource: p.resource.clone(),
+                count: p.count,
+                standing,
+                dedicated: p.tp,
+                created: Some(i64::from(p.arrive) * 60),
+            });
+        }
+        out
+    }
+
+    fn end_pods(&mut self, t: u32) {
+        for i in 0..self.pods.len() {
+            let Some((n, at)) = self.bound[i] else { continue };
+            if self.ended[i] || at + self.pods[i].life > t {
+                continue;
+            }
+            self.ended[i] = true;
+            for g in &mut self.nodes[n].gpus {
+                if g.whole == Some(i) {
+                    g.whole = None;
+                }
+                for x in &mut g.instances {
+                    if x.pod == Some(i) {
+                        x.pod = None;
+                    }
+                }
+            }
+        }
+    }
+
+    fn bind(&mut self, t: u32) {
+        for i in 0..self.pods.len() {
+            let p = &self.pods[i];
+            if p.arrive > t || self.bound[i].is_some() {
+                continue;
+            }
+            let (tp, resource) = (p.tp, p.resource.clone());
+            for n in 0..self.nodes.len() {
+                let node = &mut self.nodes[n];
+                if t < node.ready_at || node.meta.is_dedicated() != tp {
+                    continue;
+                }
+                if tp {
+                    if node.gpus.iter().all(|g| !g.mig && g.whole.is_none()) {
+                        node.gpus.iter_mut().for_each(|g| g.whole = Some(i));
+                        self.bound[i] = Some((n, t));
+                        break;
+                    }
+                    continue;
+                }
+                let Resource::Mig(want) = &resource else { continue };
+                let slot = node
+                    .gpus
+                    .iter_mut()
+                    .flat_map(|g| g.instances.iter_mut())
+                    .find(|x| x.pod.is_none() && &x.profile == want);
+                if let Some(x) = slot {
+                    x.pod = Some(i);
+                    self.bound[i] = Some((n, t));
+                    break;
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, d: &Decision, t: u32, rebuild: bool) {
+        let Some(n) = self.nodes.iter().position(|x| x.meta.name == d.node) else { return };
+        let (layout, specs) = match d.kind {
+            Kind::Reclaim => {
+                let name = d.restore.clone().unwrap_or_else(|| STATIC_LAYOUT.into());
+                let specs = self.layouts.get(&name).cloned().unwrap_or_else(|| vec![mixed(); GPUS]);
+                (name, specs)
+            }
+            _ => match generate(self.model, &d.specs) {
+                Ok(g) => (g.name, d.specs.clone()),
+                Err(_) => return,
+            },
+        };
+        self.layouts.insert(layout.clone(), specs.clone());
+        let patch = node_patch(&self.nodes[n].meta, d, Some(&layout), i64::from(t) * 60);
+        merge_into(&mut self.nodes[n].meta, &patch);
+        let mut mode_change = false;
+        let before = self.destroyed;
+        for (g, s) in specs.iter().enumerate() {
+            mode_change |= self.apply_gpu(n, g, s, rebuild);
+        }
+        if d.kind != Kind::Repartition {
+            self.destroyed_for_pools += self.destroyed - before;
+        }
+        self.nodes[n].ready_at = t + if mode_change { 3 } else { 2 };
+        self.changes += 1;
+    }
+
+    /// Busy GPU-equivalents (compute slices / 7).
+    fn busy_gpus(&self) -> f64 {
+        let mut slices = 0u32;
+        for n in &self.nodes {
+            for g in &n.gpus {
+                if g.whole.is_some() {
+                    slices += 7;
+                }
+                slices += g.instances.iter().filter(|x| x.pod.is_some()).map(|x| self.slices(&x.profile)).sum::<u32>();
+            }
+        }
+        f64::from(slices) / 7.0
+    }
+}
+
+/// Applies the node patch's labels, annotations and taints (a JSON merge patch) to the node.
+fn merge_into(node: &mut GpuNode, patch: &serde_json::Value) {
+    for (key, map) in [("labels", &mut node.labels), ("annotations", &mut node.annotations)] {
+        for (k, v) in patch["metadata"][key].as_object().into_iter().flatten() {
+            match v.as_str() {
+                Some(s) => {
+                    map.insert(k.clone(), s.to_string());
+                }
+                None => {
+                    map.remove(k);
+                }
+            }
+        }
+    }
+    if let Some(t) = patch.get("spec").and_then(|s| s.get("taints")) {
+        node.taints = serde_json::from_value(t.clone()).unwrap_or_default();
+    }
+}
+
+/// Idle clocks of controller-made dedicated nodes, as the controller keeps them.
+fn track(sim: &mut Sim, nodes: &[GpuNode], pods: &[GpuPod], t: u32) {
+    for n in nodes {
+        let used = pods.iter().any(|p| p.node() == Some(n.name.as_str()));
+        if n.dedicated_by_controller() && n.state() == Some("success") && !used {
+            sim.idle_since.entry(n.name.clone()).or_insert(i64::from(t) * 60);
+        } else {
+            sim.idle_since.remove(&n.name);
+        }
+    }
+}
+
+struct Figures {
+    utilisation: f64,
+    peak: f64,
+    served: usize,
+    mean_wait: f64,
+    p95_wait: f64,
+    tp_wait: f64,
+    unserved: usize,
+    destroyed: u64,
+    destroyed_for_pools: u64,
+    changes: u64,
+    decide_ms: f64,
+}
+
+fn run(policy: Policy, reclaim_after_secs: i64, pods: &[TracePod]) -> Figures {
+    let mut sim = Sim::new(pods.to_vec());
+    let (mut busy_sum, mut peak, mut decide_ms) = (0.0, 0.0f64, 0.0);
+    let total = (NODES * GPUS) as f64;
+    for t in 0..MINUTES {
+        sim.end_pods(t);
+        sim.bind(t);
+        if policy != Policy::Static {
+            let nodes = sim.world_nodes(t);
+            let pods = sim.world_pods(t, policy == Policy::Nos);
+            let opts = match policy {
+                Policy::Nos => Options {
+                    max_concurrent_nodes: NODES,
+                    cooldown_secs: 0,
+                    reclaim_after_secs: i64::MAX,
+                    mps_replicas: 4,
+                },
+                _ => Options { reclaim_after_secs, ..Options::default() },
+            };
+            if policy == Policy::Controller {
+                track(&mut sim, &nodes, &pods, t);
+            }
+            let idle = sim.idle_since.clone();
+            let started = Instant::now();
+            let out = decide(
+                &World { nodes: &nodes, pods: &pods, config: None, now: i64::from(t) * 60, idle_since: &idle },
+                &opts,
+            );
+            decide_ms += started.elapsed().as_secs_f64() * 1000.0;
+            for d in &out.decisions {
+                if policy == Policy::Nos && d.kind != Kind::Repartition {
+                    continue;
+                }
+                sim.apply(d, t, policy == Policy::Nos);
+            }
+        }
+        let b = sim.busy_gpus();
+        busy_sum += b;
+        peak = peak.max(b / total);
+    }
+    let mut waits: Vec<u32> = Vec::new();
+    let mut tp_waits: Vec<u32> = Vec::new();
+    let mut unserved = 0;
+    for (i, p) in sim.pods.iter().enumerate() {
+        match sim.bound[i] {
+            Some((_, at)) if p.tp => tp_waits.push(at - p.arrive),
+            Some((_, at)) => waits.push(at - p.arrive),
+            None => unserved += 1,
+        }
+    }
+    waits.sort_unstable();
+    let mean =
+        |v: &[u32]| if v.is_empty() { 0.0 } else { v.iter().map(|x| f64::from(*x)).sum::<f64>() / v.len() as f64 };
+    Figures {
+        utilisation: busy_sum / f64::from(MINUTES) / total,
+        peak,
+        served: waits.len() + tp_waits.len(),
+        mean_wait: mean(&waits),
+        p95_wait: waits.get(waits.len() * 95 / 100).map_or(0.0, |w| f64::from(*w)),
+        tp_wait: mean(&tp_waits),
+        unserved,
+        destroyed: sim.destroyed,
+        destroyed_for_pools: sim.destroyed_for_pools,
+        changes: sim.changes,
+        decide_ms,
+    }
+}
+
+fn main() {
+    println!("\n## Controller simulation: 48 h, {NODES} nodes × {GPUS} {MODEL}");
+    for (load, peak) in [("moderate", 3.9), ("heavy", 6.0)] {
+        let pods = trace(peak);
+        let small = pods.iter().filter(|p| !p.tp).count();
+        println!(
+            "\n### {load} load: {small} small-model pods (1g.10gb / 2g.20gb / 3g.40gb, diurnal, peak {peak}/min, \
+             mix shifting day to night, 30–150 min each), {} tensor-parallel jobs (8 whole GPUs, 3 h each)\n",
+            pods.len() - small
+        );
+        println!("| policy | GPU utilisation (mean) | peak | pods served | not served by the end | small pods: mean pending min | p95 | TP jobs: mean pending min | instances destroyed | of which for dedicate/reclaim | node changes | decision time s |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let rows = [
+            ("static layouts", Policy::Static, 0),
+            ("nos-style full repartitioning", Policy::Nos, 0),
+            ("gpupart controller (defaults, --reclaim-after 30m)", Policy::Controller, 1800),
+            ("gpupart controller, --reclaim-after 4h", Policy::Controller, 4 * 3600),
+        ];
+        for (name, policy, reclaim) in rows {
+            let f = run(policy, reclaim, &pods);
+            println!(
+                "| {name} | {:.1} % | {:.1} % | {} | {} | {:.1} | {:.0} | {:.1} | {} | {} | {} | {:.2} |",
+                f.utilisation * 100.0,
+                f.peak * 100.0,
+                f.served,
+                f.unserved,
+                f.mean_wait,
+                f.p95_wait,
+                f.tp_wait,
+                f.destroyed,
+                f.destroyed_for_pools,
+                f.changes,
+                f.decide_ms / 1000.0
+            );
+        }
+    }
+}
