@@ -11,7 +11,8 @@
 //! - **controller**: the same start (the 4 dedicated nodes as the controller would have made
 //!   them); every minute the real decision (`gpupart::controller::decide`) with the defaults
 //!   (2 nodes at once, 1 min cool-down, reclaim after 30 min), each decision applied as the agent
-//!   applies it (the node planner's minimal diff) through the real node patch.
+//!   applies it (the node planner's minimal diff) through the real node patch; also with a
+//!   4 h reclaim time, and with `--reserve-for-dedicated`.
 //!
 //! A node that changes takes 2 minutes (3 with a MIG mode change) before pods bind to it.
 //! The scheduler binds pending pods first fit, oldest first, every minute.
@@ -462,7 +463,7 @@ struct Figures {
     decide_ms: f64,
 }
 
-fn run(policy: Policy, reclaim_after_secs: i64, pods: &[TracePod]) -> Figures {
+fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pods: &[TracePod]) -> Figures {
     let mut sim = Sim::new(pods.to_vec());
     let (mut busy_sum, mut peak, mut decide_ms) = (0.0, 0.0f64, 0.0);
     let total = (NODES * GPUS) as f64;
@@ -478,8 +479,9 @@ fn run(policy: Policy, reclaim_after_secs: i64, pods: &[TracePod]) -> Figures {
                     cooldown_secs: 0,
                     reclaim_after_secs: i64::MAX,
                     mps_replicas: 4,
+                    reserve_for_dedicated: false,
                 },
-                _ => Options { reclaim_after_secs, ..Options::default() },
+                _ => Options { reclaim_after_secs, reserve_for_dedicated, ..Options::default() },
             };
             if policy == Policy::Controller {
                 track(&mut sim, &nodes, &pods, t);
@@ -543,13 +545,14 @@ fn main() {
         println!("| policy | GPU utilisation (mean) | peak | pods served | not served by the end | small pods: mean pending min | p95 | TP jobs: mean pending min | instances destroyed | of which for dedicate/reclaim | node changes | decision time s |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
         let rows = [
-            ("static layouts", Policy::Static, 0),
-            ("nos-style full repartitioning", Policy::Nos, 0),
-            ("gpupart controller (defaults, --reclaim-after 30m)", Policy::Controller, 1800),
-            ("gpupart controller, --reclaim-after 4h", Policy::Controller, 4 * 3600),
+            ("static layouts", Policy::Static, 0, false),
+            ("nos-style full repartitioning", Policy::Nos, 0, false),
+            ("gpupart controller (defaults, --reclaim-after 30m)", Policy::Controller, 1800, false),
+            ("gpupart controller --reclaim-after 4h", Policy::Controller, 4 * 3600, false),
+            ("gpupart controller --reserve-for-dedicated", Policy::Controller, 1800, true),
         ];
-        for (name, policy, reclaim) in rows {
-            let f = run(policy, reclaim, &pods);
+        for (name, policy, reclaim, reserve) in rows {
+            let f = run(policy, reclaim, reserve, &pods);
             println!(
                 "| {name} | {:.1} % | {:.1} % | {} | {} | {:.1} | {:.0} | {:.1} | {} | {} | {} | {:.2} |",
                 f.utilisation * 100.0,

@@ -249,6 +249,10 @@ pub struct ControllerArgs {
     /// A controller-made dedicated node without pods this long goes back to the shared pool.
     #[arg(long, default_value = "30m", value_parser = parse_duration)]
     pub reclaim_after: std::time::Duration,
+    /// A tensor-parallel pod that no idle node serves gets the shared node with the fewest pods
+    /// reserved: tainted so no new shared pod lands there, converted once its pods end.
+    #[arg(long)]
+    pub reserve_for_dedicated: bool,
     /// Least time between two changes of one node.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub cooldown: std::time::Duration,

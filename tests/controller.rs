@@ -236,3 +236,30 @@ fn a_burst_of_200_pending_pods_is_handled_in_a_few_batches() {
     let batches = rig.log("c1").lines().filter(|l| l.contains("batch decided")).count();
     assert!((1..=3).contains(&batches), "{batches} batches:\n{}", rig.log("c1"));
 }
+
+#[test]
+fn opted_in_a_draining_node_is_reserved_for_a_tensor_parallel_pod_and_converted_once_idle() {
+    let mut rig = Rig::start("H100-SXM5-80GB:2", &["gpu-a"], "all-3g.40gb");
+    rig.schedule();
+    rig.api.put("pods", gpu_pod("serving", "llm-0", "nvidia.com/mig-3g.40gb", 1, false));
+    rig.wait("the 3g.40gb pod runs", 30, |r| r.pod("serving", "llm-0").0 == "Running");
+    rig.wait("the agent sees it busy", 30, |r| r.layout_of("gpu-a").iter().flatten().any(|i| i.ends_with('*')));
+    let _c = rig.controller("c1", &["--reserve-for-dedicated"]);
+    rig.api.put("pods", gpu_pod("training", "tp2", "nvidia.com/gpu", 2, true));
+    rig.wait("the node is reserved", 30, |r| {
+        r.api.events().iter().any(|(n, reason, note)| n == "tp2" && reason == "Reserving" && note.contains("gpu-a"))
+    });
+    let node = rig.api.get("nodes", "", "gpu-a").unwrap();
+    assert_eq!(node["spec"]["taints"][0]["key"], "gpu-dedicated");
+    assert_eq!(node["metadata"]["labels"][LAYOUT], "all-3g.40gb", "the layout stays while it drains");
+    assert_eq!(rig.pod("serving", "llm-0").0, "Running", "nothing is evicted");
+    // A new shared pod no longer lands there.
+    rig.api.put("pods", gpu_pod("serving", "llm-1", "nvidia.com/mig-3g.40gb", 1, false));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(rig.pod("serving", "llm-1").0, "Pending");
+    rig.api.delete("pods", "serving", "llm-1");
+    // Its pod ends: the node converts and the TP pod runs.
+    rig.api.delete("pods", "serving", "llm-0");
+    rig.wait("the TP pod runs", 60, |r| r.pod("training", "tp2").0 == "Running");
+    assert!(rig.api.events().iter().any(|(n, r, _)| n == "gpu-a" && r == "Dedicating"));
+}

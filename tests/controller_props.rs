@@ -187,7 +187,7 @@ fn build(spec: &ClusterSpec) -> (Vec<GpuNode>, Vec<GpuPod>) {
 }
 
 fn opts(slots: usize) -> Options {
-    Options { max_concurrent_nodes: slots, cooldown_secs: 0, reclaim_after_secs: 1800, mps_replicas: 4 }
+    Options { max_concurrent_nodes: slots, cooldown_secs: 0, ..Options::default() }
 }
 
 proptest! {

@@ -24,11 +24,20 @@ pub struct Options {
     pub reclaim_after_secs: i64,
     /// Client slots of an MPS daemon the controller starts.
     pub mps_replicas: u32,
+    /// A tensor-parallel pod no idle node serves gets the shared node that drains soonest
+    /// reserved (tainted, so no new shared pod lands there; converted once idle).
+    pub reserve_for_dedicated: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { max_concurrent_nodes: 2, cooldown_secs: 60, reclaim_after_secs: 1800, mps_replicas: 4 }
+        Self {
+            max_concurrent_nodes: 2,
+            cooldown_secs: 60,
+            reclaim_after_secs: 1800,
+            mps_replicas: 4,
+            reserve_for_dedicated: false,
+        }
     }
 }
 
@@ -56,6 +65,8 @@ pub enum Kind {
     Dedicate,
     /// Back from the dedicated pool to the shared one, with its earlier layout.
     Reclaim,
+    /// Tainted for a waiting tensor-parallel pod while its shared pods end (layout unchanged).
+    Reserve,
 }
 
 impl Kind {
@@ -65,6 +76,7 @@ impl Kind {
             Kind::Repartition => "repartition",
             Kind::Dedicate => "dedicate",
             Kind::Reclaim => "reclaim",
+            Kind::Reserve => "reserve",
         }
     }
 }
@@ -395,8 +407,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     let mut taken: BTreeSet<usize> = BTreeSet::new();
     let mut cache: BTreeMap<String, Vec<GpuOption>> = BTreeMap::new();
     while budget > 0 && !unmet.is_empty() {
-        let shared: Vec<&GpuPod> =
-            unmet.iter().copied().filter(|p| !(p.dedicated && p.resource == Resource::Gpu && p.count > 1)).collect();
+        let shared: Vec<&GpuPod> = unmet.iter().copied().filter(|p| !p.is_tensor_parallel()).collect();
         let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
         let waiting = Waiting::new(&shared);
         let mut best: Option<(Score, usize, Decision)> = None;
@@ -454,10 +465,75 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         budget -= 1;
         out.decisions.push(d);
     }
+    // Reservations: waiting tensor-parallel pods keep (or, opted in, get) a shared node that
+    // drains; reservations no pod waits for any more are released.
+    let waiting_tp: Vec<&GpuPod> = unmet.iter().copied().filter(|p| p.is_tensor_parallel()).collect();
+    let mut reserved: Vec<usize> =
+        (0..cands.len()).filter(|&i| is_reserved(&cands[i]) && !taken.contains(&i)).collect();
+    reserved.sort_by_key(|&i| (cands[i].ledger.pods.len(), cands[i].node.name.clone()));
+    let mut reserved_for: BTreeMap<String, usize> = BTreeMap::new();
+    for (p, &i) in waiting_tp.iter().zip(&reserved) {
+        reserved_for.insert(p.key.clone(), i);
+    }
+    if opts.reserve_for_dedicated {
+        for p in waiting_tp.iter().skip(reserved.len()) {
+            let pick = changeable
+                .iter()
+                .copied()
+                .filter(|i| !taken.contains(i) && !cands[*i].node.is_dedicated())
+                .filter(|&i| cands[i].gpus.len() as u32 >= p.count && !cands[i].node.cordoned)
+                .min_by_key(|&i| {
+                    let busy: usize = cands[i].gpus.iter().map(|g| g.instances.iter().filter(|x| x.busy).count()).sum();
+                    (cands[i].ledger.pods.len(), busy, cands[i].node.name.clone())
+                });
+            let Some(i) = pick else { continue };
+            let c = &cands[i];
+            out.decisions.push(Decision {
+                node: c.node.name.clone(),
+                kind: Kind::Reserve,
+                model: c.model,
+                specs: Vec::new(),
+                restore: c.node.layout().map(str::to_string),
+                pods: vec![p.key.clone()],
+                destroyed: 0,
+                created: 0,
+                frag: 0.0,
+                change: format!(
+                    "reserved for {}: no new shared pods; converts to dedicated once its {} pod(s) end",
+                    p.key,
+                    c.ledger.pods.len()
+                ),
+            });
+            reserved_for.insert(p.key.clone(), i);
+            taken.insert(i);
+        }
+    }
+    let released: Vec<usize> = reserved
+        .iter()
+        .skip(waiting_tp.len())
+        .copied()
+        .filter(|i| changeable.contains(i) && !taken.contains(i))
+        .collect();
+    for i in released {
+        let c = &cands[i];
+        out.decisions.push(Decision {
+            node: c.node.name.clone(),
+            kind: Kind::Reclaim,
+            model: c.model,
+            specs: Vec::new(),
+            restore: c.node.annotations.get(RECLAIM_LAYOUT).filter(|l| !l.is_empty()).cloned(),
+            pods: Vec::new(),
+            destroyed: 0,
+            created: 0,
+            frag: 0.0,
+            change: "reservation released: no tensor-parallel pod waits for it".into(),
+        });
+        taken.insert(i);
+    }
     // Dedicated nodes without pods for long enough go back to the shared pool.
     for &i in &changeable {
         let c = &cands[i];
-        if budget == 0 || taken.contains(&i) || !c.node.dedicated_by_controller() {
+        if budget == 0 || taken.contains(&i) || !c.node.dedicated_by_controller() || is_reserved(c) {
             continue;
         }
         let empty = c.ledger.pods.is_empty() && c.ledger.assigned.values().all(|n| *n == 0);
@@ -483,14 +559,25 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             budget -= 1;
         }
     }
-    let reconfiguring = busy_nodes + out.decisions.len();
+    let reconfiguring = busy_nodes + out.decisions.iter().filter(|d| d.kind != Kind::Reserve).count();
     for p in unmet {
-        out.not_served.push(NotServed {
-            key: p.key.clone(),
-            reason: why_not(p, &cands, &changeable, &taken, reconfiguring, opts),
-        });
+        let reason = match reserved_for.get(&p.key) {
+            Some(&i) => format!(
+                "needs {}; node {} is reserved for it and converts once its {} pod(s) end",
+                what(p),
+                cands[i].node.name,
+                cands[i].ledger.pods.len()
+            ),
+            None => why_not(p, &cands, &changeable, &taken, reconfiguring, opts),
+        };
+        out.not_served.push(NotServed { key: p.key.clone(), reason });
     }
     out
+}
+
+/// Reserved for the dedicated pool by the controller but not converted yet (MIG or MPS on).
+fn is_reserved(c: &Candidate) -> bool {
+    c.node.dedicated_by_controller() && c.gpus.iter().any(|g| g.mig || g.mps_slots.is_some())
 }
 
 fn keep(spec: GpuSpec) -> GpuOption {
@@ -504,17 +591,17 @@ fn keep(spec: GpuSpec) -> GpuOption {
     }
 }
 
-/// A node converted to dedicated for the waiting tensor-parallel pods it can hold: only a node
-/// with nothing in use and no pod bound or about to be.
+/// A node converted to dedicated for the waiting tensor-parallel pods it can hold: only a shared
+/// (or reserved) node with nothing in use and no pod bound or about to be.
 fn dedicate(c: &Candidate, unmet: &[&GpuPod]) -> Option<Decision> {
-    if c.node.is_dedicated() || !c.ledger.pods.is_empty() || c.ledger.assigned.values().any(|n| *n > 0) {
+    let open = !c.node.is_dedicated() || is_reserved(c);
+    if !open || !c.ledger.pods.is_empty() || c.ledger.assigned.values().any(|n| *n > 0) {
         return None;
     }
     if c.gpus.iter().any(CurrentGpu::any_busy) {
         return None;
     }
-    let tp: Vec<&&GpuPod> =
-        unmet.iter().filter(|p| p.dedicated && p.resource == Resource::Gpu && p.count > 1).collect();
+    let tp: Vec<&&GpuPod> = unmet.iter().filter(|p| p.is_tensor_parallel()).collect();
     let counts: Vec<u32> = tp.iter().map(|p| p.count).collect();
     let n = pods_fitting(&counts, c.gpus.len() as u32);
     if n == 0 {
@@ -541,7 +628,7 @@ fn what(p: &GpuPod) -> String {
     match &p.resource {
         Resource::Mig(m) if p.count == 1 => m.to_string(),
         Resource::Mig(m) => format!("{} × {m}", p.count),
-        Resource::Gpu if p.dedicated && p.count > 1 => format!("{} whole GPUs on a dedicated node", p.count),
+        Resource::Gpu if p.is_tensor_parallel() => format!("{} whole GPUs on a dedicated node", p.count),
         Resource::Gpu => format!("{} whole GPU(s) on one node", p.count),
         Resource::Mps => format!("{} MPS slot(s)", p.count),
     }
@@ -582,7 +669,7 @@ fn why_not(
     in_way.sort();
     in_way.dedup();
     let held = cands.len() - changeable.len();
-    let pool = if p.dedicated && p.resource == Resource::Gpu && p.count > 1 { "no idle node" } else { "no idle GPU" };
+    let pool = if p.is_tensor_parallel() { "no idle node" } else { "no idle GPU" };
     match (in_way.is_empty(), held) {
         (false, _) => {
             let shown: Vec<&str> = in_way.iter().take(3).map(String::as_str).collect();

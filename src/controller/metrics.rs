@@ -44,10 +44,10 @@ impl ControllerMetrics {
         let decisions = Family::<Labels, Counter>::default();
         r.register(
             "decisions",
-            "Node changes decided, by kind (repartition, dedicate, reclaim) and mode",
+            "Node changes decided, by kind (repartition, dedicate, reclaim, reserve) and mode",
             decisions.clone(),
         );
-        for kind in ["repartition", "dedicate", "reclaim"] {
+        for kind in ["repartition", "dedicate", "reclaim", "reserve"] {
             for mode in ["applied", "dry_run"] {
                 let _ = decisions.get_or_create(&vec![("kind".into(), kind.into()), ("mode".into(), mode.into())]);
             }
@@ -107,7 +107,7 @@ impl ControllerMetrics {
         let _g = self.guard();
         let mode = if dry_run { "dry_run" } else { "applied" };
         self.decisions.get_or_create(&vec![("kind".into(), kind.into()), ("mode".into(), mode.into())]).inc();
-        if !dry_run {
+        if !dry_run && kind != "reserve" {
             self.unblocked.inc_by(pods as u64);
             if kind == "reclaim" {
                 self.reclaimed.inc();

@@ -23,7 +23,7 @@ pub fn node_patch(node: &GpuNode, d: &Decision, layout: Option<&str>, now: i64) 
         .collect();
     match d.kind {
         Kind::Repartition => {}
-        Kind::Dedicate => {
+        Kind::Dedicate | Kind::Reserve => {
             labels[POOL_LABEL] = json!("dedicated");
             annotations[RECLAIM_LAYOUT] = json!(node.layout().unwrap_or(""));
             let mut taints = others;

@@ -81,6 +81,11 @@ impl GpuPod {
         matches!(self.standing, Standing::Unschedulable { .. })
     }
 
+    /// A tensor-parallel pod for the dedicated pool: several whole GPUs and the toleration.
+    pub fn is_tensor_parallel(&self) -> bool {
+        self.dedicated && self.resource == Resource::Gpu && self.count > 1
+    }
+
     /// The node it is bound to.
     pub fn node(&self) -> Option<&str> {
         match &self.standing {

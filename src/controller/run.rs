@@ -96,6 +96,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         cooldown_secs: a.cooldown.as_secs() as i64,
         reclaim_after_secs: a.reclaim_after.as_secs() as i64,
         mps_replicas: a.mps_replicas,
+        reserve_for_dedicated: a.reserve_for_dedicated,
     };
     let mut was_leader: Option<bool> = None;
     loop {
@@ -282,6 +283,8 @@ fn verb(kind: &Kind, dry_run: bool) -> (&'static str, &'static str) {
         (Kind::Dedicate, false) => ("Dedicating", "dedicating"),
         (Kind::Reclaim, true) => ("WillReclaim", "will return to the shared pool"),
         (Kind::Reclaim, false) => ("Reclaiming", "returning to the shared pool"),
+        (Kind::Reserve, true) => ("WillReserve", "will reserve"),
+        (Kind::Reserve, false) => ("Reserving", "reserving"),
     }
 }
 
@@ -355,7 +358,9 @@ async fn carry_out(
                     _ => p.created.unwrap_or(now),
                 })
                 .collect();
-            memory.inflight.insert(d.node.clone(), (layout.name().map(str::to_string), since));
+            if d.kind != Kind::Reserve {
+                memory.inflight.insert(d.node.clone(), (layout.name().map(str::to_string), since));
+            }
         }
         metrics.decided(d.kind.as_str(), a.dry_run, d.pods.len());
         let uid = node_uid(cluster, &d.node);
@@ -420,8 +425,8 @@ impl Target {
 
 fn target_layout(d: &Decision) -> Result<Target, String> {
     match (&d.kind, &d.restore) {
-        (Kind::Reclaim, Some(l)) => Ok(Target::Restore(l.clone())),
-        (Kind::Reclaim, None) => Ok(Target::Unset),
+        (Kind::Reclaim | Kind::Reserve, Some(l)) => Ok(Target::Restore(l.clone())),
+        (Kind::Reclaim | Kind::Reserve, None) => Ok(Target::Unset),
         _ => super::layouts::generate(d.model, &d.specs).map(Target::Generated),
     }
 }

@@ -173,3 +173,60 @@ fn whole_gpu_pods_get_an_idle_mig_gpu_turned_off() {
     assert_eq!(d.change, "GPU 1: MIG off");
     assert_eq!(d.destroyed, 2);
 }
+
+#[test]
+fn opted_in_a_waiting_tensor_parallel_pod_reserves_the_node_that_drains_soonest() {
+    let nodes = vec![
+        node("gpu-a", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0*,3g.40gb@4"]),
+        node("gpu-b", &["3g.40gb@0*,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]),
+    ];
+    let mut pods = vec![
+        bound(pod("a1", mig("3g.40gb"), 1, 1), "gpu-a"),
+        bound(pod("a2", mig("3g.40gb"), 1, 1), "gpu-a"),
+        bound(pod("a3", mig("3g.40gb"), 1, 1), "gpu-a"),
+        bound(pod("b1", mig("3g.40gb"), 1, 1), "gpu-b"),
+    ];
+    let mut tp = pod("tp2", Resource::Gpu, 2, 5);
+    tp.dedicated = true;
+    pods.push(tp.clone());
+    // By default the pod waits for an idle node.
+    let out = run(&nodes, &pods, &Options::default());
+    assert!(out.decisions.is_empty(), "{out:#?}");
+    assert!(out.not_served[0].reason.contains("no idle node can host it without evicting"), "{:?}", out.not_served);
+    // Opted in, the node with the fewest pods is reserved; its layout stays.
+    let opts = Options { reserve_for_dedicated: true, ..Options::default() };
+    let out = run(&nodes, &pods, &opts);
+    let d = &out.decisions[0];
+    assert_eq!((d.node.as_str(), d.kind.clone(), d.destroyed), ("gpu-b", Kind::Reserve, 0));
+    assert_eq!(d.restore.as_deref(), Some("all-3g.40gb"));
+    assert_eq!(
+        out.not_served[0].reason,
+        "needs 2 whole GPUs on a dedicated node; node gpu-b is reserved for it and converts once its 1 pod(s) end"
+    );
+    let patch = super::patch::node_patch(&nodes[1], d, d.restore.as_deref(), 10_000);
+    assert_eq!(patch["metadata"]["labels"][LAYOUT_LABEL], "all-3g.40gb");
+    assert_eq!(patch["spec"]["taints"][0]["key"], "gpu-dedicated");
+    // Reserved: no second reservation while it drains.
+    let mut reserved = nodes[1].clone();
+    reserved.labels.insert(POOL_LABEL.into(), "dedicated".into());
+    reserved.annotations.insert(RECLAIM_LAYOUT.into(), "all-3g.40gb".into());
+    let two = vec![nodes[0].clone(), reserved.clone()];
+    let out = run(&two, &pods, &opts);
+    assert!(out.decisions.is_empty(), "{out:#?}");
+    assert!(out.not_served[0].reason.contains("node gpu-b is reserved for it"));
+    // Its pod ends: the node converts.
+    let drained = vec![nodes[0].clone(), {
+        let mut n = node("gpu-b", &["3g.40gb@0,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]);
+        n.labels = reserved.labels.clone();
+        n.annotations.insert(RECLAIM_LAYOUT.into(), "all-3g.40gb".into());
+        n
+    }];
+    let left: Vec<GpuPod> = pods.iter().filter(|p| p.name != "b1").cloned().collect();
+    let out = run(&drained, &left, &opts);
+    assert_eq!((out.decisions[0].node.as_str(), out.decisions[0].kind.clone()), ("gpu-b", Kind::Dedicate));
+    // The pod goes away before: the reservation is released, the layout stays.
+    let no_tp: Vec<GpuPod> = pods.iter().filter(|p| p.name != "tp2").cloned().collect();
+    let out = run(&two, &no_tp, &opts);
+    let d = &out.decisions[0];
+    assert_eq!((d.node.as_str(), d.kind.clone(), d.restore.as_deref()), ("gpu-b", Kind::Reclaim, Some("all-3g.40gb")));
+}
