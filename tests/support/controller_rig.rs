@@ -7,27 +7,17 @@ use super::scheduler::Scheduler;
 use super::{Backend, Node};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Namespace and name of the layouts ConfigMap (as deploy/controller.yaml and daemonset.yaml
 /// name it).
 pub const LAYOUTS: (&str, &str) = ("gpupart-system", "gpupart-config");
-/// The layout label.
-pub const LAYOUT: &str = "nvidia.com/mig.config";
-/// The agent's state label.
-pub const STATE: &str = "nvidia.com/mig.config.state";
+pub use super::kube_agent::{LAYOUT, STATE};
 
 /// A child process killed on drop.
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+pub use super::kube_agent::Agent as Proc;
 
 /// The cluster.
 pub struct Rig {

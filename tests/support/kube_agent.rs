@@ -11,6 +11,7 @@ pub const NODE: &str = "gpu-node-1";
 pub const LAYOUT: &str = "nvidia.com/mig.config";
 pub const STATE: &str = "nvidia.com/mig.config.state";
 
+/// A child process (an agent, a controller) killed on drop.
 pub struct Agent(pub Child);
 
 impl Drop for Agent {
