@@ -488,22 +488,13 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                 });
             let Some(i) = pick else { continue };
             let c = &cands[i];
-            out.decisions.push(Decision {
-                node: c.node.name.clone(),
-                kind: Kind::Reserve,
-                model: c.model,
-                specs: Vec::new(),
-                restore: c.node.layout().map(str::to_string),
-                pods: vec![p.key.clone()],
-                destroyed: 0,
-                created: 0,
-                frag: 0.0,
-                change: format!(
-                    "reserved for {}: no new shared pods; converts to dedicated once its {} pod(s) end",
-                    p.key,
-                    c.ledger.pods.len()
-                ),
-            });
+            let change = format!(
+                "reserved for {}: no new shared pods; converts to dedicated once its {} pod(s) end",
+                p.key,
+                c.ledger.pods.len()
+            );
+            let restore = c.node.layout().map(str::to_string);
+            out.decisions.push(pool_change(c, Kind::Reserve, restore, vec![p.key.clone()], change));
             reserved_for.insert(p.key.clone(), i);
             taken.insert(i);
         }
@@ -516,18 +507,8 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         .collect();
     for i in released {
         let c = &cands[i];
-        out.decisions.push(Decision {
-            node: c.node.name.clone(),
-            kind: Kind::Reclaim,
-            model: c.model,
-            specs: Vec::new(),
-            restore: c.node.annotations.get(RECLAIM_LAYOUT).filter(|l| !l.is_empty()).cloned(),
-            pods: Vec::new(),
-            destroyed: 0,
-            created: 0,
-            frag: 0.0,
-            change: "reservation released: no tensor-parallel pod waits for it".into(),
-        });
+        let change = "reservation released: no tensor-parallel pod waits for it".to_string();
+        out.decisions.push(pool_change(c, Kind::Reclaim, reclaim_layout(c), Vec::new(), change));
         taken.insert(i);
     }
     // Dedicated nodes without pods for long enough go back to the shared pool.
@@ -539,23 +520,13 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         let empty = c.ledger.pods.is_empty() && c.ledger.assigned.values().all(|n| *n == 0);
         let idle_for = world.idle_since.get(&c.node.name).map(|t| world.now - t);
         if empty && idle_for.is_some_and(|s| s >= opts.reclaim_after_secs) {
-            let restore = c.node.annotations.get(RECLAIM_LAYOUT).filter(|l| !l.is_empty()).cloned();
-            out.decisions.push(Decision {
-                node: c.node.name.clone(),
-                kind: Kind::Reclaim,
-                model: c.model,
-                specs: Vec::new(),
-                change: format!(
-                    "back to the shared pool{} after {} s without pods",
-                    restore.as_deref().map(|l| format!(" with layout '{l}'")).unwrap_or_default(),
-                    idle_for.unwrap_or(0)
-                ),
-                restore,
-                pods: Vec::new(),
-                destroyed: 0,
-                created: 0,
-                frag: 0.0,
-            });
+            let restore = reclaim_layout(c);
+            let change = format!(
+                "back to the shared pool{} after {} s without pods",
+                restore.as_deref().map(|l| format!(" with layout '{l}'")).unwrap_or_default(),
+                idle_for.unwrap_or(0)
+            );
+            out.decisions.push(pool_change(c, Kind::Reclaim, restore, Vec::new(), change));
             budget -= 1;
         }
     }
@@ -573,6 +544,27 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         out.not_served.push(NotServed { key: p.key.clone(), reason });
     }
     out
+}
+
+/// A change of pool labels and taints only (no GPU is set differently by it).
+fn pool_change(c: &Candidate, kind: Kind, restore: Option<String>, pods: Vec<String>, change: String) -> Decision {
+    Decision {
+        node: c.node.name.clone(),
+        kind,
+        model: c.model,
+        specs: Vec::new(),
+        restore,
+        pods,
+        destroyed: 0,
+        created: 0,
+        frag: 0.0,
+        change,
+    }
+}
+
+/// The layout a controller-made dedicated node returns to.
+fn reclaim_layout(c: &Candidate) -> Option<String> {
+    c.node.annotations.get(RECLAIM_LAYOUT).filter(|l| !l.is_empty()).cloned()
 }
 
 /// Reserved for the dedicated pool by the controller but not converted yet (MIG or MPS on).
