@@ -19,7 +19,7 @@
 //!
 //! Run: `cargo bench --bench controller`.
 
-use gpupart::controller::decide::{decide, Decision, Kind, Options, World};
+use gpupart::controller::decide::{decide, idle_clocks, Decision, Kind, Options, World};
 use gpupart::controller::layouts::generate;
 use gpupart::controller::nodes::{GpuNode, RECLAIM_LAYOUT};
 use gpupart::controller::patch::node_patch;
@@ -437,18 +437,6 @@ fn merge_into(node: &mut GpuNode, patch: &serde_json::Value) {
     }
 }
 
-/// Idle clocks of controller-made dedicated nodes, as the controller keeps them.
-fn track(sim: &mut Sim, nodes: &[GpuNode], pods: &[GpuPod], t: u32) {
-    for n in nodes {
-        let used = pods.iter().any(|p| p.node() == Some(n.name.as_str()));
-        if n.dedicated_by_controller() && n.state() == Some("success") && !used {
-            sim.idle_since.entry(n.name.clone()).or_insert(i64::from(t) * 60);
-        } else {
-            sim.idle_since.remove(&n.name);
-        }
-    }
-}
-
 struct Figures {
     utilisation: f64,
     peak: f64,
@@ -484,7 +472,7 @@ fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pod
                 _ => Options { reclaim_after_secs, reserve_for_dedicated, ..Options::default() },
             };
             if policy == Policy::Controller {
-                track(&mut sim, &nodes, &pods, t);
+                idle_clocks(&mut sim.idle_since, &nodes, &pods, i64::from(t) * 60);
             }
             let idle = sim.idle_since.clone();
             let started = Instant::now();

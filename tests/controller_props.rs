@@ -6,7 +6,7 @@
 //! the pods it names fit what the change offers. With several slots, decisions touch distinct
 //! nodes, name each pod once, and unblock at least as many pods as the best single change.
 
-use gpupart::controller::decide::{decide, Options, World};
+use gpupart::controller::decide::{decide, Options, Outcome, World};
 use gpupart::controller::gpu_options::{observed_spec, options, Counts, GpuOption};
 use gpupart::controller::nodes::GpuNode;
 use gpupart::controller::pods::{GpuPod, Resource, Standing};
@@ -186,8 +186,11 @@ fn build(spec: &ClusterSpec) -> (Vec<GpuNode>, Vec<GpuPod>) {
     (nodes, pods)
 }
 
-fn opts(slots: usize) -> Options {
-    Options { max_concurrent_nodes: slots, cooldown_secs: 0, ..Options::default() }
+/// The controller's decision with `slots` reconfiguration slots and no cool-down.
+fn decide_with(nodes: &[GpuNode], pods: &[GpuPod], slots: usize) -> Outcome {
+    let idle = BTreeMap::new();
+    let opts = Options { max_concurrent_nodes: slots, cooldown_secs: 0, ..Options::default() };
+    decide(&World { nodes, pods, config: None, now: 100, idle_since: &idle }, &opts)
 }
 
 proptest! {
@@ -196,8 +199,7 @@ proptest! {
     #[test]
     fn one_slot_gets_the_best_single_node_change(spec in cluster_strategy()) {
         let (nodes, pods) = build(&spec);
-        let idle = BTreeMap::new();
-        let out = decide(&World { nodes: &nodes, pods: &pods, config: None, now: 100, idle_since: &idle }, &opts(1));
+        let out = decide_with(&nodes, &pods, 1);
         let (unmet, best) = oracle(&nodes, &pods);
         prop_assert_eq!(out.placeable, pods.len() - unmet.len());
         match (out.decisions.first(), best) {
@@ -235,8 +237,7 @@ proptest! {
     #[test]
     fn several_slots_touch_distinct_nodes_and_do_no_worse(spec in cluster_strategy()) {
         let (nodes, pods) = build(&spec);
-        let idle = BTreeMap::new();
-        let out = decide(&World { nodes: &nodes, pods: &pods, config: None, now: 100, idle_since: &idle }, &opts(3));
+        let out = decide_with(&nodes, &pods, 3);
         let (_, best) = oracle(&nodes, &pods);
         let names: BTreeSet<&str> = out.decisions.iter().map(|d| d.node.as_str()).collect();
         prop_assert_eq!(names.len(), out.decisions.len());

@@ -102,10 +102,14 @@ pub struct NodeLedger {
 }
 
 impl NodeLedger {
+    /// Units of `r` bound pods, busy devices and placed waiting pods take.
+    pub fn taken(&self, r: &Resource) -> u32 {
+        self.held.get(r).copied().unwrap_or(0) + self.assigned.get(r).copied().unwrap_or(0)
+    }
+
     /// Units of `r` still free.
     pub fn free(&self, r: &Resource) -> u32 {
-        let get = |c: &Counts| c.get(r).copied().unwrap_or(0);
-        get(&self.offered).saturating_sub(get(&self.held) + get(&self.assigned))
+        self.offered.get(r).copied().unwrap_or(0).saturating_sub(self.taken(r))
     }
 }
 

@@ -56,6 +56,19 @@ pub struct World<'a> {
     pub idle_since: &'a BTreeMap<String, i64>,
 }
 
+/// Starts or stops the idle clock of each node (`idle_since`, seconds): a controller-made
+/// dedicated node that is settled and has no pod bound is idle since it was first seen so.
+pub fn idle_clocks(idle_since: &mut BTreeMap<String, i64>, nodes: &[GpuNode], pods: &[GpuPod], now: i64) {
+    let bound: BTreeSet<&str> = pods.iter().filter_map(GpuPod::node).collect();
+    for n in nodes {
+        if n.dedicated_by_controller() && n.phase() == Phase::Settled && !bound.contains(n.name.as_str()) {
+            idle_since.entry(n.name.clone()).or_insert(now);
+        } else {
+            idle_since.remove(&n.name);
+        }
+    }
+}
+
 /// What a decision does to a node.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
@@ -104,6 +117,17 @@ pub struct Decision {
     pub frag: f64,
     /// The change in words: `GPU 1: +2 1g.10gb -1 3g.40gb`.
     pub change: String,
+}
+
+impl Decision {
+    /// Pods it makes schedulable (a reservation only starts a node draining for its pod).
+    pub fn unblocks(&self) -> usize {
+        if self.kind == Kind::Reserve {
+            0
+        } else {
+            self.pods.len()
+        }
+    }
 }
 
 /// A batch's outcome.
@@ -175,51 +199,44 @@ impl<'p> Waiting<'p> {
     }
 }
 
+/// What the picks (one option per GPU) offer together.
+fn offered(opts: &[Vec<GpuOption>], picks: &[usize]) -> Counts {
+    let mut offered = Counts::new();
+    for (g, &k) in picks.iter().enumerate() {
+        super::capacity::add(&mut offered, &opts[g][k].offers);
+    }
+    offered
+}
+
 /// Evaluates picks (one option per GPU) on a node: the score and the units that go to waiting
 /// pods (the greedy's guide); `None` when a pod there would lose its units.
 fn evaluate(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &Waiting) -> Option<(Score, u32)> {
-    let mut offered = Counts::new();
+    let offered = offered(opts, picks);
     let (mut destroyed, mut created, mut frag) = (0i64, 0i64, 0.0f64);
     for (g, &k) in picks.iter().enumerate() {
         let o = &opts[g][k];
-        super::capacity::add(&mut offered, &o.offers);
         destroyed += i64::from(o.destroyed);
         created += i64::from(o.created);
         frag += o.frag;
     }
-    let (mut unblocked, mut useful) = (0usize, 0u32);
-    for (r, need) in held_and_assigned(&c.ledger) {
-        if offered.get(r).copied().unwrap_or(0) < need {
-            return None;
-        }
+    let l = &c.ledger;
+    if l.held.keys().chain(l.assigned.keys()).any(|r| offered.get(r).copied().unwrap_or(0) < l.taken(r)) {
+        return None;
     }
+    let (mut unblocked, mut useful) = (0usize, 0u32);
     for (r, have) in &offered {
-        let need = c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
-        let (n, units) = waiting.fitting(r, have.saturating_sub(need));
+        let (n, units) = waiting.fitting(r, have.saturating_sub(l.taken(r)));
         unblocked += n;
         useful += units;
     }
     Some(((unblocked, -destroyed, -created, -(frag * 1000.0).round() as i64), useful))
 }
 
-/// Units each resource's bound pods, busy devices and already-placed waiting pods need.
-fn held_and_assigned(l: &NodeLedger) -> impl Iterator<Item = (&Resource, u32)> {
-    l.held
-        .keys()
-        .chain(l.assigned.keys())
-        .map(|r| (r, l.held.get(r).copied().unwrap_or(0) + l.assigned.get(r).copied().unwrap_or(0)))
-}
-
 /// The pods the picks unblock, smallest request first.
 fn unblocked_pods(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &Waiting) -> Vec<String> {
-    let mut offered = Counts::new();
-    for (g, &k) in picks.iter().enumerate() {
-        super::capacity::add(&mut offered, &opts[g][k].offers);
-    }
     let mut out = Vec::new();
-    for (r, have) in &offered {
-        let need = c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
-        let (n, _) = waiting.fitting(r, have.saturating_sub(need));
+    for (r, have) in &offered(opts, picks) {
+        let (n, _) = waiting.fitting(r, have.saturating_sub(c.ledger.taken(r)));
         if let Some((pods, _)) = waiting.by_resource.get(r) {
             out.extend(pods.iter().take(n).map(|p| p.key.clone()));
         }
@@ -234,8 +251,7 @@ fn unblocked_pods(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiti
 /// and the costs add up, so this is the best over every combination. `None` when the states
 /// outgrow [`STATES`] (then the greedy decides).
 fn exact(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Option<Vec<usize>>> {
-    let need =
-        |r: &Resource| c.ledger.held.get(r).copied().unwrap_or(0) + c.ledger.assigned.get(r).copied().unwrap_or(0);
+    let need = |r: &Resource| c.ledger.taken(r);
     let keys: BTreeSet<&Resource> =
         c.ledger.held.keys().chain(c.ledger.assigned.keys()).chain(waiting.by_resource.keys().copied()).collect();
     let axes: Vec<(&Resource, u32)> = keys

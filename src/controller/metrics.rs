@@ -103,12 +103,12 @@ impl ControllerMetrics {
     }
 
     /// Counts a decision carried out (or reported, in dry-run) and the pods it unblocks.
-    pub fn decided(&self, kind: &str, dry_run: bool, pods: usize) {
+    pub fn decided(&self, kind: &str, dry_run: bool, unblocked: usize) {
         let _g = self.guard();
         let mode = if dry_run { "dry_run" } else { "applied" };
         self.decisions.get_or_create(&vec![("kind".into(), kind.into()), ("mode".into(), mode.into())]).inc();
-        if !dry_run && kind != "reserve" {
-            self.unblocked.inc_by(pods as u64);
+        if !dry_run {
+            self.unblocked.inc_by(unblocked as u64);
             if kind == "reclaim" {
                 self.reclaimed.inc();
             }

@@ -3,7 +3,7 @@
 //! ConfigMap first, then one Node patch — with Events on the pods and nodes and a log line each.
 
 use super::cluster::{node_ref, pod_ref, Cluster, Layouts, WriteError};
-use super::decide::{decide, Decision, Kind, Options, Outcome, World};
+use super::decide::{decide, idle_clocks, Decision, Kind, Options, Outcome, World};
 use super::layouts::Generated;
 use super::lease::Elector;
 use super::metrics::ControllerMetrics;
@@ -182,7 +182,7 @@ async fn one_batch(
     memory: &mut Memory,
 ) -> anyhow::Result<()> {
     let now = now_secs();
-    let mut layouts = cluster.layouts().await.with_context(|| format!("reading ConfigMap {}", a.layouts_configmap))?;
+    let layouts = cluster.layouts().await.with_context(|| format!("reading ConfigMap {}", a.layouts_configmap))?;
     if layouts.paused != memory.paused {
         tracing::info!(paused = layouts.paused, configmap = %a.layouts_configmap, "the controller's off switch changed");
     }
@@ -219,7 +219,7 @@ async fn one_batch(
     }
     metrics.batch(&pending, outcome.not_served.len() + refused.len(), frag, now as f64);
     if !outcome.decisions.is_empty() {
-        let unblocked: usize = outcome.decisions.iter().map(|d| d.pods.len()).sum();
+        let unblocked: usize = outcome.decisions.iter().map(Decision::unblocks).sum();
         tracing::info!(
             decisions = outcome.decisions.len(),
             unblocked,
@@ -228,7 +228,7 @@ async fn one_batch(
             "batch decided"
         );
     }
-    carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &mut layouts, &outcome, now).await;
+    carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &layouts, &outcome, now).await;
     let by_key: BTreeMap<&str, &GpuPod> = gpu_pods.iter().map(|p| (p.key.as_str(), p)).collect();
     let mut still: BTreeSet<String> = BTreeSet::new();
     for n in outcome.not_served.iter().chain(&refused) {
@@ -248,13 +248,8 @@ async fn one_batch(
 
 /// Dedicated nodes' idle clocks and the Pending → applied times of changed nodes.
 fn track(memory: &mut Memory, nodes: &[GpuNode], pods: &[GpuPod], now: i64, metrics: &ControllerMetrics) {
-    let bound: BTreeSet<&str> = pods.iter().filter_map(GpuPod::node).collect();
+    idle_clocks(&mut memory.idle_since, nodes, pods, now);
     for n in nodes {
-        if n.dedicated_by_controller() && n.phase() == Phase::Settled && !bound.contains(n.name.as_str()) {
-            memory.idle_since.entry(n.name.clone()).or_insert(now);
-        } else {
-            memory.idle_since.remove(&n.name);
-        }
         let done = memory
             .inflight
             .get(&n.name)
@@ -297,7 +292,7 @@ async fn carry_out(
     memory: &mut Memory,
     nodes: &[GpuNode],
     pods: &[GpuPod],
-    layouts: &mut Layouts,
+    layouts: &Layouts,
     outcome: &Outcome,
     now: i64,
 ) {
@@ -362,7 +357,7 @@ async fn carry_out(
                 memory.inflight.insert(d.node.clone(), (layout.name().map(str::to_string), since));
             }
         }
-        metrics.decided(d.kind.as_str(), a.dry_run, d.pods.len());
+        metrics.decided(d.kind.as_str(), a.dry_run, d.unblocks());
         let uid = node_uid(cluster, &d.node);
         let node_note = if d.pods.is_empty() { note.clone() } else { format!("{note}; for {}", d.pods.join(", ")) };
         cluster.event(&node_ref(&d.node, uid.as_deref()), false, reason, d.kind.as_str(), &node_note).await;
@@ -407,7 +402,8 @@ fn node_uid(cluster: &Cluster, name: &str) -> Option<String> {
 enum Target {
     /// A generated layout, written into the ConfigMap first.
     Generated(Generated),
-    /// The layout a reclaimed node had before.
+    /// A layout already in the config: the one a reclaimed node returns to, or a reserved
+    /// node's own (kept while it drains).
     Restore(String),
     /// No layout (a reclaimed node that had none).
     Unset,
@@ -438,22 +434,24 @@ async fn write_layouts(
     nodes: &[GpuNode],
     requested: BTreeSet<String>,
     generated: &[Generated],
-    layouts: &mut Layouts,
+    read: &Layouts,
 ) -> anyhow::Result<()> {
     // Layouts nodes request now stay too (a node whose patch fails keeps asking for its own);
     // the next write drops them once no node does.
     let mut in_use: BTreeSet<String> = nodes.iter().filter_map(|n| n.layout().map(str::to_string)).collect();
     in_use.extend(requested);
+    let mut fresh: Option<Layouts> = None;
     for attempt in 0..3 {
-        let Some(text) = super::layouts::merge(&layouts.text, generated, &in_use)? else { return Ok(()) };
-        match cluster.write_layouts(layouts, &text).await {
+        let current = fresh.as_ref().unwrap_or(read);
+        let Some(text) = super::layouts::merge(&current.text, generated, &in_use)? else { return Ok(()) };
+        match cluster.write_layouts(current, &text).await {
             Ok(()) => break,
-            Err(WriteError::Conflict(_)) if attempt < 2 => {}
+            Err(WriteError::Conflict(_)) if attempt < 2 => {
+                fresh = Some(cluster.layouts().await.context("re-reading the layouts ConfigMap")?);
+            }
             Err(e) => return Err(e.into()),
         }
-        *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
     }
-    *layouts = cluster.layouts().await.context("re-reading the layouts ConfigMap")?;
     // The agents watch the ConfigMap: give the new layouts a moment to reach them first.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(())
