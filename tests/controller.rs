@@ -190,6 +190,9 @@ fn a_leader_killed_mid_decision_leaves_no_node_half_changed_and_its_replacement_
     let mut c1 = c1;
     let _ = c1.0.kill();
     let _ = c1.0.wait();
+    // The standby decided nothing while c1 led: one replica acts.
+    assert!(!rig.log("c2").contains("batch decided"), "{}", rig.log("c2"));
+    assert!(rig.log("c1").contains("batch decided"));
     let asked: Vec<Option<String>> =
         ["gpu-a", "gpu-b", "gpu-c"].iter().map(|n| rig.api.node_label(n, LAYOUT)).collect();
     assert!(asked.iter().all(|l| l.as_deref() == Some("all-3g.40gb")), "killed after the node patch: {asked:?}");
