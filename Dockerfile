@@ -1,11 +1,13 @@
 # gpupart node agent image.
-# Build:  docker build -t gpupart:0.1.0 .
+# Build:  docker build -t ghcr.io/gpupart/gpupart:0.1.0 .
+# (the image name the manifests use; tests/image.rs keeps every reference equal to it)
 # The NVIDIA container toolkit injects libnvidia-ml.so.1 and nvidia-smi at run time
 # (NVIDIA_DRIVER_CAPABILITIES=utility); the image carries neither.
 
 FROM rust:1.89-slim-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY Cargo.toml Cargo.lock rustfmt.toml build.rs ./
+COPY proto proto
 COPY crates crates
 COPY src src
 COPY benches benches

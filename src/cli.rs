@@ -134,6 +134,36 @@ impl GpuArgs {
             Some(s) => parse_shm_size(&s).map_err(|e| format!("--mps-shm-size / GPUPART_MPS_SHM_SIZE: {e}"))?,
             None => "auto".to_string(),
         };
+        // Where each backend choice came from, for an error that names both.
+        let origin = |flag: &str, a: bool, b: bool, env: Option<&str>| -> Option<String> {
+            if a || b {
+                Some(flag.to_string())
+            } else {
+                env.and_then(|e| env_var(e).map(|v| format!("{e}={v}")))
+            }
+        };
+        let sim_origins: Vec<String> = [
+            origin("--simulate", self.simulate.is_some(), top.simulate.is_some(), Some("GPUPART_SIMULATE")),
+            origin("--sim-state", self.sim_state.is_some(), top.sim_state.is_some(), Some("GPUPART_SIM_STATE")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let nvml_origins: Vec<String> = [
+            origin("--nvml-lib", self.nvml_lib.is_some(), top.nvml_lib.is_some(), None),
+            origin("--nvidia-smi", self.nvidia_smi.is_some(), top.nvidia_smi.is_some(), None),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !sim_origins.is_empty() && !nvml_origins.is_empty() {
+            return Err(format!(
+                "{} asks for real GPUs through NVML and {} for simulated ones: give one or the other \
+                 (unset the variable or drop the option you did not mean)",
+                nvml_origins.join(" and "),
+                sim_origins.join(" and ")
+            ));
+        }
         Ok(GpuOptions {
             simulate: pick(&self.simulate, &top.simulate, "GPUPART_SIMULATE"),
             sim_state: path(&self.sim_state, &top.sim_state, Some("GPUPART_SIM_STATE")),
@@ -290,8 +320,12 @@ pub enum PlanFormat {
     Text,
     /// The documented JSON (docs/plan.md).
     Json,
-    /// A multi-document stream for `kubectl apply --server-side`.
+    /// A multi-document stream for `kubectl apply --server-side` (the ConfigMap and the
+    /// descheduler policy; node labels and taints are in `kubectl`).
     Yaml,
+    /// A shell script: `kubectl apply` of the `yaml` stream, then `kubectl label` / `kubectl
+    /// taint` of each existing node.
+    Kubectl,
 }
 
 /// `plan` options.

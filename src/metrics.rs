@@ -107,10 +107,19 @@ impl crate::http::Exposition for Metrics {
 }
 
 impl Metrics {
-    /// Registers every family.
+    /// Registers every family, for real GPUs.
     pub fn new() -> Self {
+        Self::for_backend(false)
+    }
+
+    /// Registers every family; `gpupart_build_info` carries `simulated="true"` when the GPUs are
+    /// the simulator's.
+    pub fn for_backend(simulated: bool) -> Self {
         let mut r = Registry::with_prefix("gpupart");
-        let info = Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]);
+        let info = Info::new(vec![
+            ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+            ("simulated".to_string(), simulated.to_string()),
+        ]);
         r.register("build", "gpupart build information", info);
         let g = |r: &mut Registry, name: &str, help: &str| {
             let f = G::default();
@@ -469,6 +478,9 @@ impl Instrumented {
 impl GpuBackend for Instrumented {
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+    fn is_simulated(&self) -> bool {
+        self.inner.is_simulated()
     }
     fn gpu_count(&self) -> Result<u32, BackendError> {
         self.inner.gpu_count()

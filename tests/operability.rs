@@ -275,7 +275,9 @@ fn apply_logs_steps_at_debug_and_json_errors_stay_json() {
     let base = sim(dir.path(), "A100-SXM4-80GB:8");
     let out = run(&base, &["apply", "-f", &example_config(), "-c", "all-balanced"], &[("RUST_LOG", "info")]).ok();
     let info_lines = out.stderr.lines().count();
-    assert!(info_lines <= 16, "{info_lines} lines at INFO:\n{}", out.stderr);
+    // Two lines per GPU, and first the warning that the GPUs are simulated.
+    assert!(out.stderr.lines().next().is_some_and(|l| l.contains("WARN simulated GPUs")), "{}", out.stderr);
+    assert!(info_lines <= 17, "{info_lines} lines at INFO:\n{}", out.stderr);
     assert!(!out.stderr.contains("created GPU instance"), "{}", out.stderr);
     let out = run(&base, &["--log-format", "json", "apply", "-f", "/nonexistent.yaml"], &[]).failed();
     let last = out.stderr.lines().last().unwrap_or_default();

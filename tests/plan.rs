@@ -53,7 +53,8 @@ fn the_kubectl_stream_validates_and_an_agent_applies_its_layout() {
     assert!(ok, "{report}\n{out}");
     let docs = serde_saphyr::from_multiple::<serde_json::Value>(&out).unwrap();
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
-    assert_eq!(kinds.iter().filter(|k| **k == "Node").count(), 8, "{kinds:?}");
+    // Applying a Node document would create a node that does not exist: none is in the stream.
+    assert_eq!(kinds, ["ConfigMap", "ConfigMap"], "{kinds:?}");
     let policy = docs.iter().find(|d| d["metadata"]["name"] == "descheduler-policy-configmap").unwrap();
     let policy: serde_json::Value = serde_saphyr::from_str(policy["data"]["policy.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(policy["kind"], "DeschedulerPolicy");
@@ -68,13 +69,17 @@ fn the_kubectl_stream_validates_and_an_agent_applies_its_layout() {
     std::fs::write(&config, cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
     let checked = gpupart(&["validate", "--strict", "-f", config.to_str().unwrap()], &[]).ok();
     assert!(checked.stdout.contains("0 warning(s)"), "{}", checked.all());
-    // Every node's label names a layout of the config.
+    // An idle GPU of a shared node keeps MIG on with no devices, and the config says why.
+    let cfg_text = cm["data"]["config.yaml"].as_str().unwrap();
+    let empty_entries = cfg_text.matches("mig-devices: {}").count();
+    assert!(empty_entries > 0);
+    assert_eq!(cfg_text.matches("# idle in the shared pool: MIG stays on").count(), empty_entries, "{cfg_text}");
+    // Every node's label, set by the kubectl script, names a layout of the config.
     let text = std::fs::read_to_string(&config).unwrap();
-    let mut layouts = Vec::new();
-    for n in docs.iter().filter(|d| d["kind"] == "Node") {
-        let l = n["metadata"]["labels"]["nvidia.com/mig.config"].as_str().unwrap().to_string();
+    let layouts = labelled(&run_script(&example("plan-mixed.yaml"), &[], &[]).0);
+    assert_eq!(layouts.len(), 8, "{layouts:?}");
+    for (_, l) in &layouts {
         assert!(text.contains(&format!("  {l}:\n")), "{l}");
-        layouts.push((n["metadata"]["name"].as_str().unwrap().to_string(), l));
     }
     // The agent on a simulated H100 node follows the shared layout planned for h100-1.
     let (_, shared) = layouts.iter().find(|(n, _)| n == "h100-1").unwrap();
@@ -90,6 +95,133 @@ fn the_kubectl_stream_validates_and_an_agent_applies_its_layout() {
     let instances: usize =
         status["gpus"].as_array().unwrap().iter().map(|g| g["instances"].as_array().unwrap().len()).sum();
     assert_eq!(instances, placed, "{status}");
+}
+
+/// Runs `plan -o kubectl` for `file` (with `extra` arguments) under `sh`, with a stand-in
+/// `kubectl` that records every call and, as kubectl does, refuses a node not in `existing`
+/// (`existing` empty: every node exists). Returns the recorded calls and the script's exit code.
+fn run_script(file: &str, extra: &[&str], existing: &[&str]) -> (Vec<String>, i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["plan", "-f", file, "-o", "kubectl"];
+    args.extend_from_slice(extra);
+    let script = gpupart(&args, &[]).ok().stdout;
+    assert!(script.starts_with("#!/bin/sh\n"), "{script}");
+    let log = dir.path().join("calls");
+    let known = existing.join(" ");
+    let stand_in = format!(
+        "#!/bin/sh\necho \"$*\" >> {}\nif [ \"$1 $2\" = \"apply --server-side\" ]; then cat > /dev/null; exit 0; fi\n\
+         known=\"{known}\"\nif [ -n \"$known\" ]; then case \" $known \" in *\" $3 \"*) ;; *) echo \"Error from server (NotFound): nodes \\\"$3\\\" not found\" >&2; exit 1;; esac; fi\n",
+        log.display()
+    );
+    let bin = dir.path().join("kubectl");
+    std::fs::write(&bin, stand_in).unwrap();
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("sh").arg("-c").arg(&script).env("PATH", path).output().unwrap();
+    let calls = std::fs::read_to_string(&log).unwrap_or_default().lines().map(String::from).collect();
+    (calls, out.status.code().unwrap_or(-1))
+}
+
+/// (node, layout) of every `kubectl label node` call.
+fn labelled(calls: &[String]) -> Vec<(String, String)> {
+    calls
+        .iter()
+        .filter_map(|c| {
+            let rest = c.strip_prefix("label node ")?;
+            let node = rest.split_whitespace().next()?.to_string();
+            let layout = rest.split_whitespace().find_map(|w| w.strip_prefix("nvidia.com/mig.config="))?;
+            Some((node, layout.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_kubectl_script_patches_existing_nodes_and_never_creates_one() {
+    let (calls, code) = run_script(&example("plan-mixed.yaml"), &[], &[]);
+    assert_eq!(code, 0, "{calls:?}");
+    assert!(calls[0].starts_with("apply --server-side --field-manager=gpupart-plan -f -"), "{calls:?}");
+    // The dedicated node is tainted; the others lose the taint if they had it.
+    assert!(calls.contains(&"taint node h100-0 --overwrite gpu-dedicated=true:NoSchedule".to_string()), "{calls:?}");
+    assert!(calls.contains(&"taint node h100-1 gpu-dedicated-".to_string()), "{calls:?}");
+    assert!(calls.iter().any(|c| c.starts_with("label node edge-l4-a --overwrite ") && c.contains("gpu-pool=mps")));
+    // A node kubectl does not know stops the script: nothing is created, the error is kubectl's.
+    let (calls, code) = run_script(&example("plan-mixed.yaml"), &[], &["edge-l4-a", "edge-l4-b"]);
+    assert_ne!(code, 0);
+    assert_eq!(labelled(&calls).len(), 1, "stops at the first unknown node: {calls:?}");
+}
+
+#[test]
+fn counted_nodes_take_the_real_names_of_todays_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let demand = dir.path().join("d.yaml");
+    std::fs::write(
+        &demand,
+        "fleet:\n  - {name: a100, count: 2, gpu: A100-SXM4-80GB, gpus: 1}\ndemand:\n  - {name: e, profile: 1g.10gb, replicas: 3}\n",
+    )
+    .unwrap();
+    let node = Node::new("A100-SXM4-80GB:1");
+    let status = node.status();
+    let today = dir.path().join("today.json");
+    std::fs::write(&today, serde_json::json!({"gpu-node-7": status, "gpu-node-3": status}).to_string()).unwrap();
+    let (calls, code) = run_script(demand.to_str().unwrap(), &["--current", today.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{calls:?}");
+    let nodes: Vec<String> = labelled(&calls).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(nodes, ["gpu-node-3", "gpu-node-7"], "{calls:?}");
+}
+
+#[test]
+fn mps_goes_to_gpus_without_mig_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("d.yaml");
+    std::fs::write(
+        &f,
+        "fleet:\n  - {name: a100, count: 1, gpu: A100-SXM4-80GB, gpus: 8}\n  - {name: t4, count: 1, gpu: T4-16GB, gpus: 8}\n\
+         demand:\n  - {name: small, memory: 4Gi, sharing: mps, replicas: 6}\n",
+    )
+    .unwrap();
+    let doc = plan_json(f.to_str().unwrap(), &[]);
+    let nodes: Vec<(&str, &str)> =
+        doc["nodes"].as_array().unwrap().iter().map(|n| (n["name"].as_str().unwrap(), n["pool"].as_str().unwrap())).collect();
+    assert_eq!(nodes, [("a100-0", "idle"), ("t4-0", "mps")], "{doc}");
+    assert!(doc["decisions"][0]["reason"].as_str().unwrap().contains("on GPUs without MIG (T4-16GB)"), "{doc}");
+    // The example: whisper's slots on an L4 node, no H100 touched for them.
+    let doc = plan_json(&example("plan-mixed.yaml"), &[]);
+    let whisper: Vec<&str> = doc["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["model"] == "whisper")
+        .map(|p| p["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(whisper.len(), 10);
+    assert!(whisper.iter().all(|n| n.starts_with("edge-l4-")), "{whisper:?}");
+    // Only without room on GPUs without MIG does a MIG GPU (MIG off) take slots, and the reason says why.
+    std::fs::write(
+        &f,
+        "fleet:\n  - {name: a100, count: 1, gpu: A100-SXM4-80GB, gpus: 8}\n  - {name: t4, count: 1, gpu: T4-16GB, gpus: 1}\n\
+         demand:\n  - {name: big, memory: 10Gi, sharing: mps, replicas: 4}\n",
+    )
+    .unwrap();
+    let doc = plan_json(f.to_str().unwrap(), &[]);
+    let reason = doc["decisions"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("A100-SXM4-80GB with MIG turned off") && reason.contains("T4-16GB"), "{reason}");
+}
+
+#[test]
+fn over_subscribed_demand_reports_a_bound_no_higher_than_its_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("d.yaml");
+    std::fs::write(
+        &f,
+        "fleet:\n  - {name: a100, count: 10, gpu: A100-SXM4-80GB, gpus: 8}\n\
+         demand:\n  - {name: s, profile: 1g.10gb, replicas: 1000}\n  - {name: m, profile: 3g.40gb, replicas: 100}\n",
+    )
+    .unwrap();
+    let doc = plan_json(f.to_str().unwrap(), &[]);
+    let s = &doc["summary"]["search"];
+    assert!(s["lower_bound_gpus"].as_u64() <= s["mig_gpus"].as_u64(), "{s}");
+    assert_eq!(s["mig_gpus"], 80, "{s}");
+    assert!(!doc["unplaced"].as_array().unwrap().is_empty());
 }
 
 #[test]

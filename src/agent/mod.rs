@@ -105,8 +105,9 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     others.extend(a.layout_file.iter().map(|f| ("the layout file", f.clone())));
     lock::check_distinct(&a.lock_file, &others).map_err(anyhow::Error::msg)?;
     let _lock = lock::NodeLock::acquire(&a.lock_file)?;
-    let metrics = Arc::new(crate::metrics::Metrics::new());
     let raw: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
+    let raw_simulated = raw.is_simulated();
+    let metrics = Arc::new(crate::metrics::Metrics::for_backend(raw_simulated));
     let mps = crate::mps::Mps::from_args(g);
     let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
@@ -193,7 +194,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
-        let outputs = Outputs { metrics, reporter: Arc::new(Fanout(reporters)), summaries, mps, plugin, pod_source };
+        let outputs = Outputs { metrics, reporter: Arc::new(Fanout { reporters, simulated: raw_simulated }), summaries, mps, plugin, pod_source };
         async_main(a.clone(), mode, config, backend, outputs, tx, rx).await
     });
     // A blocking task still running (a change past its grace) must not hold the exit up.

@@ -73,19 +73,32 @@ impl Reporter for LogAndNotify {
     }
 }
 
-/// Publishes to several reporters in order.
-pub struct Fanout(pub Vec<Box<dyn Reporter>>);
+/// Publishes to several reporters in order, marking every status simulated when the GPUs are.
+pub struct Fanout {
+    /// The reporters.
+    pub reporters: Vec<Box<dyn Reporter>>,
+    /// The GPUs are the simulator's.
+    pub simulated: bool,
+}
+
+impl Fanout {
+    fn marked(&self, status: &AgentStatus) -> AgentStatus {
+        AgentStatus { simulated: self.simulated, ..status.clone() }
+    }
+}
 
 impl Reporter for Fanout {
     fn publish(&self, status: &AgentStatus) {
-        for r in &self.0 {
-            r.publish(status);
+        let status = self.marked(status);
+        for r in &self.reporters {
+            r.publish(&status);
         }
     }
 
     fn publish_notice(&self, status: &AgentStatus, notice: &Notice) {
-        for r in &self.0 {
-            r.publish_notice(status, notice);
+        let status = self.marked(status);
+        for r in &self.reporters {
+            r.publish_notice(&status, notice);
         }
     }
 }

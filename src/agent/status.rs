@@ -102,6 +102,8 @@ pub struct AgentStatus {
     pub next_retry_secs: Option<u64>,
     /// Unix time of this status.
     pub updated_unix: u64,
+    /// True when the GPUs are the simulator's: nothing real was changed.
+    pub simulated: bool,
 }
 
 impl AgentStatus {
@@ -126,6 +128,7 @@ impl AgentStatus {
             failure: None,
             next_retry_secs: None,
             updated_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            simulated: false,
         }
     }
 }

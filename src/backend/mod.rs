@@ -66,6 +66,10 @@ pub enum ModeActivation {
 pub trait GpuBackend: Send + Sync {
     /// One line saying what this backend is (`simulator: 8 GPUs, state in /tmp/x.json`).
     fn describe(&self) -> String;
+    /// True when the GPUs are simulated: nothing real is read or changed.
+    fn is_simulated(&self) -> bool {
+        false
+    }
     /// Number of GPUs.
     fn gpu_count(&self) -> Result<u32, BackendError>;
     /// Everything about one GPU now.

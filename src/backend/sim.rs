@@ -208,6 +208,10 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
 }
 
 impl GpuBackend for SimBackend {
+    fn is_simulated(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         let n = self.lock().state.gpus.len();
         match &self.path {

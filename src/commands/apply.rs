@@ -56,6 +56,9 @@ fn apply_with_hooks(
     settings: &[(String, String)],
 ) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
+    if backend.gpu_count().context("counting the GPUs")? == 0 {
+        anyhow::bail!("no GPUs found ({}): nothing to apply config '{}' to", backend.describe(), config.name);
+    }
     let opts = Options {
         force: a.force,
         mode_only: a.mode_only,
@@ -106,8 +109,9 @@ fn apply_with_hooks(
         .count();
     let (kept, destroyed, created) = pass.instance_counts();
     let reports = &pass.reports;
+    let simulated = if backend.is_simulated() { "; simulated GPUs, no real GPU changed" } else { "" };
     let totals = format!(
-        "{changed} GPU(s) to change, {} unchanged; GPU instances kept {kept}, destroyed {destroyed}, created {created}",
+        "{changed} GPU(s) to change, {} unchanged; GPU instances kept {kept}, destroyed {destroyed}, created {created}{simulated}",
         reports.len() - changed - failed
     );
     if failed > 0 {

@@ -3,26 +3,41 @@
 use super::{open_backend, read_config};
 use crate::cli::{AssertArgs, GpuOptions};
 use crate::layout::DesiredDevices;
+use crate::mps::daemon::DaemonStatus;
+use crate::mps::settings::MpsSettings;
 use crate::observed::GpuState;
 use crate::prepare::{targets, Target};
 use anyhow::Context;
 use std::process::ExitCode;
 
-/// The first difference between the GPUs and what the config wants, if any.
-pub fn first_difference(states: &[GpuState], targets: &[Target], mode_only: bool) -> Option<String> {
-    for (s, t) in states.iter().zip(targets) {
+/// The first difference between the GPUs and what the config wants, if any. `daemons[i]` is
+/// GPU `states[i]`'s MPS daemon as read (`None`: none runs and gpupart configured none).
+pub fn first_difference(
+    states: &[GpuState],
+    targets: &[Target],
+    daemons: &[Option<DaemonStatus>],
+    mode_only: bool,
+) -> Option<String> {
+    for (i, (s, t)) in states.iter().zip(targets).enumerate() {
         let at = format!("GPU {} ({})", s.info.index, s.info.model);
         let mode = |on: bool| if on { "enabled" } else { "disabled" };
+        let daemon = daemons.get(i).and_then(Option::as_ref).filter(|d| d.running());
         match t {
             Target::Leave { reason } if s.info.mig_capable => return Some(format!("{at}: {reason}")),
             Target::Leave { .. } => {}
-            Target::MigDisabled { .. } => {
+            Target::MigDisabled { mps } => {
                 if s.mig_mode.current || s.mig_mode.pending {
                     return Some(format!(
                         "{at}: MIG mode is {} (pending {}), want disabled",
                         mode(s.mig_mode.current),
                         mode(s.mig_mode.pending)
                     ));
+                }
+                if mode_only {
+                    continue;
+                }
+                if let Some(d) = mps_difference(mps.as_ref(), daemon) {
+                    return Some(format!("{at}: {d}"));
                 }
             }
             Target::MigEnabled { devices } => {
@@ -35,6 +50,9 @@ pub fn first_difference(states: &[GpuState], targets: &[Target], mode_only: bool
                 }
                 if mode_only {
                     continue;
+                }
+                if let Some(d) = daemon {
+                    return Some(format!("{at}: an MPS daemon (pid {}) runs, want none", d.pid.unwrap_or_default()));
                 }
                 let have = DesiredDevices::from_keys(
                     s.instances.iter().flat_map(|g| g.cis.iter().map(|c| (g.profile_id, c.profile_id))),
@@ -52,6 +70,25 @@ pub fn first_difference(states: &[GpuState], targets: &[Target], mode_only: bool
     None
 }
 
+/// How a GPU's MPS daemon (running, or `None`) differs from what the entry wants.
+fn mps_difference(want: Option<&MpsSettings>, daemon: Option<&DaemonStatus>) -> Option<String> {
+    match (want, daemon) {
+        (None, None) => None,
+        (None, Some(d)) => Some(format!("an MPS daemon (pid {}) runs, want none", d.pid.unwrap_or_default())),
+        (Some(w), None) => Some(format!("no MPS daemon runs, want one with {} slots", w.replicas)),
+        (Some(w), Some(d)) => {
+            if let Some(why) = crate::mps::daemon::difference(d, w) {
+                return Some(format!("the MPS daemon (pid {}): {why}", d.pid.unwrap_or_default()));
+            }
+            match d.settings {
+                Some(s) if s.replicas == w.replicas => None,
+                Some(s) => Some(format!("the MPS daemon serves {} slots, want {}", s.replicas, w.replicas)),
+                None => Some(format!("the MPS daemon was not started by gpupart, want one with {} slots", w.replicas)),
+            }
+        }
+    }
+}
+
 /// Runs `assert`.
 pub fn run(g: &GpuOptions, a: &AssertArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config.config_file)?;
@@ -62,8 +99,10 @@ pub fn run(g: &GpuOptions, a: &AssertArgs) -> anyhow::Result<ExitCode> {
     }
     let backend = open_backend(g)?;
     let states = backend.observe_all().context("reading the GPUs")?;
+    let mps = crate::mps::Mps::from_args(g);
+    let daemons: Vec<Option<DaemonStatus>> = states.iter().map(|s| mps.observe(s)).collect();
     let diff = match targets(&states, config) {
-        Ok(t) => first_difference(&states, &t, a.mode_only),
+        Ok(t) => first_difference(&states, &t, &daemons, a.mode_only),
         Err(e) => Some(e.to_string()),
     };
     match diff {

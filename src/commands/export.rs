@@ -1,9 +1,12 @@
 //! `gpupart export`: the current layout as a mig-parted v1 config. Identical GPUs are merged,
 //! `devices: all` is used when every GPU of a kind is alike, device filters appear only on mixed
-//! nodes, and (in YAML) each GPU's placements are kept as comments mig-parted ignores.
+//! nodes, and (in YAML) each GPU's placements are kept as comments mig-parted ignores. A GPU
+//! whose MPS daemon gpupart started and still runs exports its `mps` block with the settings the
+//! daemon serves, so export-then-apply keeps it.
 
 use super::open_backend;
 use crate::cli::{ExportArgs, ExportFormat, GpuOptions};
+use crate::mps::settings::{limit_arg, MpsSettings};
 use crate::observed::GpuState;
 use anyhow::Context;
 use serde_json::{json, Map, Value};
@@ -23,10 +26,13 @@ pub struct Entry {
     pub mig_devices: BTreeMap<String, u32>,
     /// `GPU n: profile@start …` comment lines.
     pub placements: Vec<String>,
+    /// The settings the GPUs' MPS daemons serve (MIG disabled only).
+    pub mps: Option<MpsSettings>,
 }
 
-/// The entries describing `states`.
-pub fn entries(states: &[GpuState]) -> Vec<Entry> {
+/// The entries describing `states`; `mps[i]` is what GPU `states[i]`'s running MPS daemon
+/// serves, when gpupart started one there (missing entries mean none).
+pub fn entries(states: &[GpuState], mps: &[Option<MpsSettings>]) -> Vec<Entry> {
     let kinds: Vec<u32> = {
         let mut k: Vec<u32> = states.iter().map(|s| s.info.pci_device_id).collect();
         k.sort_unstable();
@@ -35,7 +41,8 @@ pub fn entries(states: &[GpuState]) -> Vec<Entry> {
     };
     // Group GPUs of one kind with the same mode and devices; `filter` holds the kind for now.
     let mut groups: Vec<Entry> = Vec::new();
-    for s in states {
+    for (i, s) in states.iter().enumerate() {
+        let served = mps.get(i).copied().flatten().filter(|_| !s.mig_mode.current);
         let mut counts = BTreeMap::new();
         for n in s.device_names() {
             *counts.entry(n).or_insert(0) += 1;
@@ -50,7 +57,10 @@ pub fn entries(states: &[GpuState]) -> Vec<Entry> {
         // A GPU without instances has no placement comment.
         let placed = (!s.instances.is_empty()).then_some(line);
         let kind = Some(s.info.pci_device_id);
-        match groups.iter_mut().find(|g| g.filter == kind && g.mig_enabled == enabled && g.mig_devices == counts) {
+        match groups
+            .iter_mut()
+            .find(|g| g.filter == kind && g.mig_enabled == enabled && g.mig_devices == counts && g.mps == served)
+        {
             Some(g) => {
                 g.devices.get_or_insert_with(Vec::new).push(s.info.index);
                 g.placements.extend(placed);
@@ -61,6 +71,7 @@ pub fn entries(states: &[GpuState]) -> Vec<Entry> {
                 mig_enabled: enabled,
                 mig_devices: counts,
                 placements: placed.into_iter().collect(),
+                mps: served,
             }),
         }
     }
@@ -110,8 +121,26 @@ fn yaml(label: &str, entries: &[Entry]) -> String {
                 out.push_str(&format!("        \"{name}\": {n}\n"));
             }
         }
+        if let Some(m) = &e.mps {
+            out.push_str("      mps:\n");
+            for (key, value) in mps_fields(m) {
+                out.push_str(&format!("        {key}: {value}\n"));
+            }
+        }
     }
     out
+}
+
+/// The `mps` block's fields as written in a config.
+fn mps_fields(m: &MpsSettings) -> Vec<(&'static str, Value)> {
+    let mut fields = vec![("replicas", json!(m.replicas))];
+    if let Some(p) = m.active_thread_percentage {
+        fields.push(("active-thread-percentage", json!(p)));
+    }
+    if let Some(mib) = m.pinned_memory_limit_mib {
+        fields.push(("pinned-memory-limit", json!(limit_arg(mib))));
+    }
+    fields
 }
 
 fn json_doc(label: &str, entries: &[Entry]) -> Value {
@@ -125,6 +154,9 @@ fn json_doc(label: &str, entries: &[Entry]) -> Value {
             m.insert("devices".into(), e.devices.as_ref().map_or(json!("all"), |d| json!(d)));
             m.insert("mig-enabled".into(), json!(e.mig_enabled));
             m.insert("mig-devices".into(), json!(e.mig_devices));
+            if let Some(s) = &e.mps {
+                m.insert("mps".into(), Value::Object(mps_fields(s).into_iter().map(|(k, v)| (k.into(), v)).collect()));
+            }
             Value::Object(m)
         })
         .collect();
@@ -135,7 +167,9 @@ fn json_doc(label: &str, entries: &[Entry]) -> Value {
 pub fn run(g: &GpuOptions, a: &ExportArgs) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
     let states = backend.observe_all().context("reading the GPUs")?;
-    let entries = entries(&states);
+    let mps = crate::mps::Mps::from_args(g);
+    let served: Vec<Option<MpsSettings>> = states.iter().map(|s| mps.serving(s)).collect();
+    let entries = entries(&states, &served);
     match a.output {
         ExportFormat::Yaml => out!("{}", yaml(&a.label, &entries)),
         ExportFormat::Json => outln!("{}", serde_json::to_string_pretty(&json_doc(&a.label, &entries))?),

@@ -11,6 +11,8 @@ use std::process::ExitCode;
 /// `frag -o json` document.
 #[derive(Debug, Serialize)]
 pub struct FragDoc {
+    /// True when the GPUs are simulated: nothing here is real hardware.
+    pub simulated: bool,
     /// Node totals.
     pub node: NodeFrag,
     /// Per GPU.
@@ -125,7 +127,7 @@ pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
     let mps = crate::mps::Mps::from_args(g);
     let daemons: Vec<_> = states.iter().map(|s| mps.observe(s)).collect();
     let gpus: Vec<GpuFrag> = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
-    let doc = FragDoc { node: node_frag(&gpus), gpus };
+    let doc = FragDoc { simulated: backend.is_simulated(), node: node_frag(&gpus), gpus };
     match a.output {
         StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
         StatusFormat::Table => out!("{}", table(&doc)),

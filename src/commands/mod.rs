@@ -85,7 +85,7 @@ pub fn open_backend(g: &GpuOptions) -> anyhow::Result<Box<dyn GpuBackend>> {
         let faults = crate::mig::sim::fault::Faults::parse(&spec).context("GPUPART_SIM_FAIL")?;
         backend = backend.with_faults(faults);
     }
-    tracing::debug!(backend = %backend.describe(), "backend ready");
+    tracing::warn!("simulated GPUs ({}): no real GPU is read or changed", backend.describe());
     Ok(Box::new(backend))
 }
 

@@ -16,6 +16,8 @@ use std::process::ExitCode;
 pub struct StatusDoc {
     /// Schema version of this document.
     pub schema_version: u32,
+    /// True when the GPUs are simulated (`--simulate`/`--sim-state`): nothing here is real.
+    pub simulated: bool,
     /// The kubelet's PodResources, as read for this document (null when not read).
     pub pod_resources: Option<crate::kubelet::pod_resources::SourceStatus>,
     /// One entry per GPU.
@@ -186,7 +188,7 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
             }
         })
         .collect();
-    StatusDoc { schema_version: 1, pod_resources: None, gpus }
+    StatusDoc { schema_version: 1, simulated: false, pod_resources: None, gpus }
 }
 
 fn table(doc: &StatusDoc) -> String {
@@ -278,8 +280,10 @@ pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let mps = crate::mps::Mps::from_args(g);
     let mut doc = status_doc(&states, Some(&mps));
     doc.pod_resources = Some(source);
+    doc.simulated = backend.is_simulated();
     match a.output {
         StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
+        StatusFormat::Table if doc.gpus.is_empty() => outln!("no GPUs found ({})", backend.describe()),
         StatusFormat::Table => out!("{}", table(&doc)),
     }
     Ok(ExitCode::SUCCESS)

@@ -115,6 +115,30 @@ fn error(at: &str, key: &str, message: String) -> InputError {
     InputError { at: if key.is_empty() { at.to_string() } else { format!("{at}, key '{key}'") }, message }
 }
 
+/// Where MPS slots of `mem` MiB go, for the reason: GPUs without MIG that hold two slots, or
+/// MIG-capable GPUs with MIG turned off when none does.
+fn mps_gpus(models: &[(&'static Model, u32)], mem: u64) -> String {
+    let names = |mig: bool| -> Vec<&str> {
+        models.iter().filter(|(m, _)| m.mig_capable() == mig && m.memory_mib >= 2 * mem).map(|(m, _)| m.id).collect()
+    };
+    let plain = names(false);
+    if !plain.is_empty() {
+        let spill = if names(true).is_empty() { "" } else { "; MIG GPUs with MIG off only once those are full" };
+        return format!("on GPUs without MIG ({}){spill}", plain.join(", "));
+    }
+    let mig = names(true);
+    if mig.is_empty() {
+        return String::new();
+    }
+    let without: Vec<&str> = models.iter().filter(|(m, _)| !m.mig_capable()).map(|(m, _)| m.id).collect();
+    let why = if without.is_empty() {
+        "the fleet has no GPU without MIG".to_string()
+    } else {
+        format!("no GPU without MIG holds two of them ({})", without.join(", "))
+    };
+    format!("on {} with MIG turned off: {why}", mig.join(", "))
+}
+
 /// The fleet's GPU model with the most memory (`models` is never empty here).
 fn largest_gpu(models: &[(&'static Model, u32)]) -> Option<&'static Model> {
     models.iter().map(|(m, _)| *m).max_by_key(|m| m.memory_mib)
@@ -141,7 +165,8 @@ fn choose_one(
     }
     let mem = d.memory_mib.unwrap_or(0);
     if d.sharing == Some(Sharing::Mps) {
-        return mps(at, mem, largest, format!("asked for MPS: slots of {}", gib(mem)));
+        let on = mps_gpus(models, mem);
+        return mps(at, mem, largest, format!("asked for MPS: slots of {} {on}", gib(mem)));
     }
     let need = mem + (mem * u64::from(headroom)).div_ceil(100);
     let mig: Vec<&'static Model> = models.iter().map(|(m, _)| *m).filter(|m| m.mig_capable()).collect();

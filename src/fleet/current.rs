@@ -128,3 +128,23 @@ pub fn from_annotation(node: &str, text: &str) -> Result<Vec<CurrentGpu>, InputE
         })
         .collect()
 }
+
+/// Gives the fleet's placeholder nodes (named from a group's `count:`) the names of today's
+/// nodes outside the fleet that have the same GPU model and count, in name order; returns
+/// (placeholder, real name) pairs. Placeholders with no such node keep their names.
+pub fn adopt_names(input: &mut super::input::Input, today: &Current) -> Vec<(String, String)> {
+    let mut free: Vec<&String> = today.keys().filter(|name| !input.nodes.iter().any(|n| &n.name == *name)).collect();
+    let mut renamed = Vec::new();
+    for node in input.nodes.iter_mut().filter(|n| !n.named && !today.contains_key(&n.name)) {
+        let fits = |name: &&String| {
+            let gpus = &today[*name];
+            gpus.len() == node.gpus as usize && gpus.iter().all(|g| g.model == node.model.id)
+        };
+        if let Some(k) = free.iter().position(fits) {
+            let real = free.remove(k).clone();
+            renamed.push((std::mem::replace(&mut node.name, real.clone()), real));
+            node.named = true;
+        }
+    }
+    renamed
+}

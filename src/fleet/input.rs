@@ -16,6 +16,8 @@ pub struct Node {
     pub model: &'static Model,
     /// GPUs on the node.
     pub gpus: u32,
+    /// False for a name made from the group's `count:` (`<group>-<i>`), a placeholder.
+    pub named: bool,
 }
 
 /// How a model asked to share a GPU (`sharing:`).
@@ -148,7 +150,13 @@ fn entry<'a>(list: &str, i: usize, v: &'a Value) -> Result<(&'a Map<String, Valu
     Ok((m, name, at))
 }
 
-fn parse_group(i: usize, v: &Value, groups: &mut Vec<String>, nodes: &mut Vec<Node>) -> Result<(), InputError> {
+fn parse_group(
+    i: usize,
+    v: &Value,
+    groups: &mut Vec<String>,
+    nodes: &mut Vec<Node>,
+    seen: &mut std::collections::HashSet<String>,
+) -> Result<(), InputError> {
     let (m, name, at) = entry("fleet", i, v)?;
     only_keys(&at, m, &["name", "count", "nodes", "gpu", "gpus"])?;
     if groups.contains(&name) {
@@ -160,6 +168,7 @@ fn parse_group(i: usize, v: &Value, groups: &mut Vec<String>, nodes: &mut Vec<No
     })?;
     let gpus =
         count(&at, "gpus", m.get("gpus"), 1, 64)?.ok_or_else(|| err(format!("{at}, key 'gpus'"), "is missing"))?;
+    let named = m.get("nodes").is_some();
     let names: Vec<String> = match (count(&at, "count", m.get("count"), 1, 100_000)?, m.get("nodes")) {
         (Some(_), Some(_)) => {
             return Err(err(format!("{at}, key 'nodes'"), "give either 'count' or 'nodes', not both"))
@@ -178,10 +187,10 @@ fn parse_group(i: usize, v: &Value, groups: &mut Vec<String>, nodes: &mut Vec<No
         (None, None) => return Err(err(format!("{at}, key 'count'"), "give 'count' or 'nodes'")),
     };
     for n in names {
-        if nodes.iter().any(|x| x.name == n) {
+        if !seen.insert(n.clone()) {
             return Err(err(format!("{at}, key 'nodes'"), format!("node '{n}' is already in the fleet")));
         }
-        nodes.push(Node { name: n, group: groups.len(), model, gpus });
+        nodes.push(Node { name: n, group: groups.len(), model, gpus, named });
     }
     groups.push(name);
     Ok(())
@@ -268,9 +277,9 @@ pub fn parse(text: &str) -> Result<Input, InputError> {
         return Err(err("input", format!("expected a mapping with 'fleet' and 'demand', found {}", show(&root))));
     };
     only_keys("input", &top, &["fleet", "demand"])?;
-    let (mut groups, mut nodes) = (Vec::new(), Vec::new());
+    let (mut groups, mut nodes, mut seen) = (Vec::new(), Vec::new(), std::collections::HashSet::new());
     for (i, v) in entries(&top, "fleet")?.iter().enumerate() {
-        parse_group(i, v, &mut groups, &mut nodes)?;
+        parse_group(i, v, &mut groups, &mut nodes, &mut seen)?;
     }
     let mut demand = Vec::new();
     for (i, v) in entries(&top, "demand")?.iter().enumerate() {

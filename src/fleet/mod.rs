@@ -176,17 +176,39 @@ pub fn plan(input: &Input, opts: &Options) -> Result<FleetPlan, input::InputErro
 /// still wants stays (the fewest moves), kept GPUs take more wanted instances in their free
 /// space, and the rest is packed afresh, matched to today's GPUs by overlap.
 pub fn plan_from(input: &Input, opts: &Options, today: &current::Current) -> Result<FleetPlan, input::InputError> {
+    let started = std::time::Instant::now();
+    let replicas: u64 = input.demand.iter().map(|d| u64::from(d.replicas)).sum();
+    // Large fleets say what they are doing (info); small ones only at debug.
+    let big = input.nodes.len() >= LARGE_FLEET_NODES;
+    let progress = |phase: &str| {
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        if big {
+            tracing::info!(phase, elapsed_ms, "planning");
+        } else {
+            tracing::debug!(phase, elapsed_ms, "planning");
+        }
+    };
+    progress(&format!("{} nodes, {} models, {replicas} replicas: choosing pools", input.nodes.len(), input.demand.len()));
     let choices = choose::choose(input, opts.headroom_pct)?;
     let mut b = Builder::new(input, &choices, today);
     b.freeze()?;
+    progress("dedicated nodes");
     b.dedicated();
     b.keep();
     b.fill_kept();
+    progress("packing MIG instances");
     b.mig();
+    progress("whole GPUs and MPS slots");
     b.whole();
     b.mps();
-    Ok(b.finish())
+    progress("assigning pools to nodes");
+    let plan = b.finish();
+    progress("done");
+    Ok(plan)
 }
+
+/// Fleets of at least this many nodes log each planning phase at info.
+const LARGE_FLEET_NODES: usize = 1000;
 
 struct Builder<'a> {
     input: &'a Input,
@@ -301,11 +323,18 @@ impl<'a> Builder<'a> {
     }
 
     /// Fleet models in the order whole GPUs (`mps == false`: without MIG first, then the
-    /// smallest memory) or MPS GPUs (the largest memory: most slots, fewest GPUs) are taken.
+    /// smallest memory) or MPS GPUs (without MIG first, then the largest memory: most slots,
+    /// fewest GPUs) are taken.
     fn models_by_preference(&self, mps: bool) -> Vec<&'static Model> {
         let mut models: Vec<&'static Model> =
             choose::fleet_models(&self.input.nodes).into_iter().map(|(m, _)| m).collect();
-        models.sort_by_key(|m| if mps { (false, u64::MAX - m.memory_mib) } else { (m.mig_capable(), m.memory_mib) });
+        models.sort_by_key(|m| {
+            if mps {
+                (m.mig_capable(), u64::MAX - m.memory_mib)
+            } else {
+                (m.mig_capable(), m.memory_mib)
+            }
+        });
         models
     }
 
@@ -417,10 +446,16 @@ impl<'a> Builder<'a> {
         replicas.sort_by_key(|&(slot, rep)| (std::cmp::Reverse(slot), rep));
         let Some(&(largest, _)) = replicas.first() else { return };
         let count = replicas.len() as u32;
-        let models = self.least_mixing(&self.models_by_preference(true), Pool::Mps, |m| {
+        // GPUs without MIG first; a MIG-capable GPU (with MIG off) only once those are full.
+        // Within each group, the models that mix no node come first.
+        let (plain, mig): (Vec<&'static Model>, Vec<&'static Model>) =
+            self.models_by_preference(true).into_iter().partition(|m| !m.mig_capable());
+        let gpus = |m: &Model| {
             let per = crate::mps::settings::model_limits(m).0.min((m.memory_mib / largest.max(1)) as u32).max(1);
             count.div_ceil(per)
-        });
+        };
+        let mut models = self.least_mixing(&plain, Pool::Mps, gpus);
+        models.extend(self.least_mixing(&mig, Pool::Mps, gpus));
         let mut open: Vec<(&'static Model, GpuUse)> = Vec::new();
         for (need, rep) in replicas {
             let room = open.iter_mut().find(|(_, u)| {

@@ -22,7 +22,8 @@ pub struct Packing {
     pub unplaced: Vec<u32>,
     /// Whether the GPU count and fragmentation are proven optimal.
     pub exact: bool,
-    /// A lower bound on the GPUs the demand needs.
+    /// A lower bound on the GPUs the placed demand needs (all of it when everything fits; over
+    /// capacity, what was placed, so it never exceeds `gpus`).
     pub lower_bound: u32,
 }
 
@@ -169,5 +170,12 @@ pub fn pack_with(table: &ProfileTable, configs: &Configs, demand: &[u32], cap: u
         exact_run = false;
     }
     gpus.sort_unstable();
+    // Over capacity, the bound is the one of what was placed: the GPUs it could not beat.
+    let lower_bound = if unplaced.iter().any(|&u| u > 0) {
+        let placed: Vec<u32> = demand.iter().zip(&unplaced).map(|(d, u)| d - u).collect();
+        self::lower_bound(table, configs, &placed).min(gpus.len() as u32)
+    } else {
+        lower_bound
+    };
     Packing { gpus, unplaced, exact: exact_run, lower_bound }
 }

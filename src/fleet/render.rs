@@ -30,6 +30,11 @@ pub fn config_yaml(layouts: &[Layout]) -> String {
             }
         }
         for (spec, idx) in groups {
+            if matches!(spec, GpuSpec::Mig(devs) if devs.is_empty()) {
+                out.push_str(
+                    "    # idle in the shared pool: MIG stays on, so instances can be added later without a reset\n",
+                );
+            }
             let _ = writeln!(out, "    - device-filter: \"0x{:08X}\"", model.pci_device_id);
             let _ = writeln!(out, "      devices: {}", devices(&idx, specs.len()));
             match spec {
@@ -59,7 +64,9 @@ fn indent(text: &str, by: &str) -> String {
     text.lines().map(|l| format!("{by}{l}\n")).collect()
 }
 
-/// The multi-document stream for `kubectl apply --server-side`.
+/// The multi-document stream for `kubectl apply --server-side`: the agents' ConfigMap and the
+/// descheduler's policy. Nodes are never documents here (applying one would create a Node that
+/// does not exist): their labels and taints are [`kubectl_script`]'s commands.
 pub fn kube_yaml(doc: &PlanDoc) -> String {
     let mut out = String::new();
     let s = &doc.summary;
@@ -82,21 +89,50 @@ pub fn kube_yaml(doc: &PlanDoc) -> String {
         "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  config.yaml: |\n{}",
         indent(&doc.config, "    ")
     );
-    for n in &doc.nodes {
-        let _ = write!(out, "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  labels:\n", n.name);
-        let _ = writeln!(out, "    {LAYOUT_LABEL}: {}", n.labels[LAYOUT_LABEL]);
-        let _ = writeln!(out, "    {POOL_LABEL}: {}", n.labels[POOL_LABEL]);
-        if !n.taints.is_empty() {
-            out.push_str("spec:\n  taints:\n");
-            for t in &n.taints {
-                let (kv, effect) = t.split_once(':').unwrap_or((t, "NoSchedule"));
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                let _ = writeln!(out, "    - key: {k}\n      value: \"{v}\"\n      effect: {effect}");
-            }
-        }
-    }
     out.push_str(&descheduler_policy());
     out
+}
+
+/// A shell script that carries the plan out on existing nodes: `kubectl apply` of
+/// [`kube_yaml`], then `kubectl label` and `kubectl taint` per node. kubectl refuses a node that
+/// does not exist, so the script never creates one.
+pub fn kubectl_script(doc: &PlanDoc) -> String {
+    let mut out = String::from("#!/bin/sh\n# gpupart plan: the agents' ConfigMap and the descheduler policy, then each node's labels\n");
+    out.push_str(
+        "# and taints. kubectl refuses a node that does not exist: names made from a group's `count:`\n\
+         # (<group>-<i>) are placeholders; list real names with `nodes:` or plan with --from-cluster.\n\
+         set -eu\n",
+    );
+    out.push_str("kubectl apply --server-side --field-manager=gpupart-plan -f - <<'GPUPART_PLAN'\n");
+    out.push_str(&kube_yaml(doc));
+    out.push_str("GPUPART_PLAN\n");
+    let key = DEDICATED_TAINT.split(['=', ':']).next().unwrap_or(DEDICATED_TAINT);
+    for n in &doc.nodes {
+        let _ = writeln!(
+            out,
+            "kubectl label node {} --overwrite {LAYOUT_LABEL}={} {POOL_LABEL}={}",
+            shell_word(&n.name),
+            shell_word(&n.labels[LAYOUT_LABEL]),
+            shell_word(&n.labels[POOL_LABEL])
+        );
+        if n.taints.is_empty() {
+            // A node that leaves the dedicated pool loses its taint (absent already: nothing to do).
+            let _ = writeln!(out, "kubectl taint node {} {key}- 2>/dev/null || true", shell_word(&n.name));
+        }
+        for t in &n.taints {
+            let _ = writeln!(out, "kubectl taint node {} --overwrite {}", shell_word(&n.name), shell_word(t));
+        }
+    }
+    out
+}
+
+/// `s` quoted for a POSIX shell where it holds anything beyond name characters.
+fn shell_word(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=@".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// The descheduler's policy for the GPU pools, as the ConfigMap the descheduler reads.

@@ -9,6 +9,8 @@ pub const STATE_LABEL: &str = "nvidia.com/mig.config.state";
 pub const STATE_REASON: &str = "gpupart.io/state-reason";
 /// Annotation with the layout the state refers to.
 pub const STATE_LAYOUT: &str = "gpupart.io/state-layout";
+/// Label set to `"true"` while the agent drives simulated GPUs (never on a real node).
+pub const SIMULATED: &str = "gpupart.io/simulated";
 /// Annotation a user sets to let the next change destroy busy instances; removed after use.
 pub const FORCE: &str = "gpupart.io/force-reconfigure";
 /// Field manager of every agent write.

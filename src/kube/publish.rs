@@ -3,7 +3,7 @@
 //! keys are never touched; the layout label is never written), and an Event per transition.
 //! Unchanged states cause no API writes. Failed writes are retried with backoff, newest state first.
 
-use super::keys::{FIELD_MANAGER, STATE_LABEL, STATE_LAYOUT, STATE_REASON};
+use super::keys::{FIELD_MANAGER, SIMULATED, STATE_LABEL, STATE_LAYOUT, STATE_REASON};
 use super::summary::Summary;
 use crate::agent::report::{Notice, Reporter};
 use crate::agent::status::{AgentStatus, Phase};
@@ -207,6 +207,9 @@ async fn apply(api: &Api<Node>, node: &str, owned: &Owned, prefix: &str, on_node
     let mut annotations = serde_json::Map::new();
     if let Some(status) = &owned.state {
         labels.insert(STATE_LABEL.into(), json!(status.state.as_str()));
+        if status.simulated {
+            labels.insert(SIMULATED.into(), json!("true"));
+        }
         annotations.insert(STATE_REASON.into(), json!(truncate(&status.reason, 4000)));
         annotations.insert(STATE_LAYOUT.into(), json!(status.layout.clone().unwrap_or_default()));
     }

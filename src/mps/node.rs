@@ -190,6 +190,27 @@ impl Mps {
         known.then(|| self.probe(state))
     }
 
+    /// The settings a GPU's running MPS daemon serves, when gpupart started it (it recorded the
+    /// slot count): the recorded settings while the daemon's limits match them, else the limits
+    /// the daemon reads back. `None` when no such daemon runs there.
+    pub fn serving(&self, state: &crate::observed::GpuState) -> Option<MpsSettings> {
+        let st = self.observe(state)?;
+        let recorded = st.settings?;
+        if !st.running() {
+            return None;
+        }
+        if daemon::difference(&st, &recorded).is_none() {
+            return Some(recorded);
+        }
+        let pct = st.active_thread_percentage.as_deref().and_then(|p| p.trim().parse::<f64>().ok());
+        let pinned = st.pinned_memory_limit.as_deref().and_then(super::settings::parse_readback);
+        Some(MpsSettings {
+            replicas: recorded.replicas,
+            active_thread_percentage: pct.map(|p| p.round() as u32).or(recorded.active_thread_percentage),
+            pinned_memory_limit_mib: pinned.or(recorded.pinned_memory_limit_mib),
+        })
+    }
+
     /// Plans every GPU; the problems are the GPUs whose busy daemon is in the way.
     pub fn plan(&self, jobs: &[Job], force: bool) -> Result<Vec<GpuMps>, Vec<String>> {
         let mut out = Vec::new();
