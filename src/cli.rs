@@ -471,7 +471,8 @@ pub struct AgentArgs {
     /// Listen address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = crate::http::DEFAULT_ADDR)]
     pub metrics_addr: std::net::SocketAddr,
-    /// HTTP connections served at once (more are closed at accept).
+    /// HTTP connections held at once; a new one beyond them replaces the oldest still sending its
+    /// request.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub http_max_connections: u32,
     /// Longest time one HTTP connection may take to send its request and get the answer.

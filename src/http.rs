@@ -104,18 +104,57 @@ pub fn router(state: HttpState) -> Router {
 /// Limits of the HTTP server: a slow or flooding client cannot hold it.
 #[derive(Debug, Clone, Copy)]
 pub struct ServeLimits {
-    /// Connections served at once; more are closed at accept.
+    /// Connections held at once. A new connection beyond them takes the place of the oldest one
+    /// that has not finished sending its request; when every held connection is being answered,
+    /// the new one is closed at accept.
     pub max_connections: usize,
     /// Longest time for one connection: reading the request, answering it (one request per
     /// connection; no keep-alive).
     pub timeout: std::time::Duration,
 }
 
+/// One held connection: when it was accepted, whether its request has arrived, and how to close it.
+struct Held {
+    accepted: std::time::Instant,
+    answering: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::AbortHandle,
+}
+
+/// The held connections by id.
+type HeldMap = Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Held>>>;
+
+/// Frees a place for a new connection: nothing while below `max`, else closes the oldest
+/// connection still sending its request. False when every place is taken by a connection being
+/// answered.
+fn make_room(held: &HeldMap, max: usize) -> bool {
+    let mut map = held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if map.len() < max {
+        return true;
+    }
+    let oldest = map
+        .iter()
+        .filter(|(_, h)| !h.answering.load(std::sync::atomic::Ordering::Acquire))
+        .min_by_key(|(id, h)| (h.accepted, **id))
+        .map(|(id, _)| *id);
+    match oldest.and_then(|id| map.remove(&id)) {
+        Some(victim) => {
+            victim.task.abort();
+            tracing::debug!("HTTP connections at their limit; closed the oldest one still sending its request");
+            true
+        }
+        None => false,
+    }
+}
+
 /// Serves `app` on `listener` under `limits` until the listener fails.
 pub async fn serve(listener: tokio::net::TcpListener, app: Router, limits: ServeLimits) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tower::ServiceExt as _;
+    let held: HeldMap = Arc::default();
+    let max = limits.max_connections.max(1);
+    let mut next_id = 0u64;
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -125,20 +164,32 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, limits: Serve
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::debug!("too many HTTP connections; closing one at accept");
+        if !make_room(&held, max) {
+            tracing::debug!("every HTTP connection is being answered; closing a new one at accept");
             drop(stream);
             continue;
-        };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
+        }
+        let id = next_id;
+        next_id += 1;
+        let answering = Arc::new(AtomicBool::new(false));
+        let flag = answering.clone();
+        let service = TowerToHyperService::new(app.clone().map_request(move |req: http::Request<hyper::body::Incoming>| {
+            flag.store(true, Ordering::Release);
+            req
+        }));
+        let map = held.clone();
+        // Registered before it can finish, so its own removal below always finds it.
+        let mut guard = held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let task = tokio::spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new()).header_read_timeout(limits.timeout).keep_alive(false);
             let conn = http.serve_connection(TokioIo::new(stream), service);
             if tokio::time::timeout(limits.timeout, conn).await.is_err() {
                 tracing::debug!("an HTTP connection ran past its time limit; closed");
             }
+            map.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
         });
+        guard.insert(id, Held { accepted: std::time::Instant::now(), answering, task: task.abort_handle() });
+        drop(guard);
     }
 }

@@ -14,6 +14,7 @@ on_both_backends!(
     stop_on_change_and_restart_after_kill,
     switch_between_mig_and_mps_both_ways,
     refusals_change_nothing,
+    export_carries_the_daemons_and_assert_compares_them,
 );
 
 const MIXED: &str = r#"version: v1
@@ -319,4 +320,35 @@ fn missing_control_program_fails_clearly_and_restores_compute_mode() {
     let out = support::Run::from(c.output().unwrap()).failed();
     assert!(out.all().contains("MPS FAILED: cannot run /nonexistent/nvidia-cuda-mps-control"), "{}", out.all());
     assert_eq!(node.status()["gpus"][0]["compute_mode"], "default");
+}
+
+fn export_carries_the_daemons_and_assert_compares_them(b: Backend) {
+    let node = Node::with(b, "V100-SXM2-32GB:2,T4-16GB:2");
+    let cfg = node.config("mps.yaml", MIXED);
+    node.apply(&cfg, "mps");
+    node.run(&["assert", "-f", &cfg, "-c", "mps"]).ok();
+    // A layout without the daemons (or with other settings) is not "currently applied".
+    let r = node.run(&["assert", "-f", &cfg, "-c", "none"]).failed();
+    assert!(r.stderr.contains("GPU 0 (V100-SXM2-32GB): an MPS daemon (pid"), "{}", r.stderr);
+    let r = node.run(&["assert", "-f", &cfg, "-c", "mps-changed"]).failed();
+    assert!(r.stderr.contains("GPU 0 (V100-SXM2-32GB): the MPS daemon (pid"), "{}", r.stderr);
+    // Export writes each daemon's settings; applying the export keeps every daemon.
+    let pids: Vec<_> = uuids(&node).iter().map(|u| node.mps_pid(u)).collect();
+    let exported = node.run(&["export"]).ok().stdout;
+    assert!(exported.contains("      mps:\n        replicas: 4\n        active-thread-percentage: 25\n        pinned-memory-limit: 7168M\n"), "{exported}");
+    assert_eq!(exported.matches("mps:").count(), 4, "{exported}");
+    let back = node.config("exported.yaml", &exported);
+    node.run(&["assert", "-f", &back, "-c", "current"]).ok();
+    let again = node.apply(&back, "current");
+    assert!(!again.stdout.contains("stop the daemon") && !again.stdout.contains("restart"), "{}", again.stdout);
+    let after: Vec<_> = uuids(&node).iter().map(|u| node.mps_pid(u)).collect();
+    assert_eq!(after, pids, "export-then-apply kept every daemon");
+    let json: serde_json::Value = serde_json::from_str(&node.run(&["export", "-o", "json"]).ok().stdout).unwrap();
+    assert_eq!(json["mig-configs"]["current"][0]["mps"]["replicas"], 4, "{json}");
+    // Once the daemons are stopped, export and assert see none.
+    node.apply(&cfg, "none");
+    assert!(!node.run(&["export"]).ok().stdout.contains("mps:"));
+    node.run(&["assert", "-f", &cfg, "-c", "none"]).ok();
+    let r = node.run(&["assert", "-f", &cfg, "-c", "mps"]).failed();
+    assert!(r.stderr.contains("no MPS daemon runs, want one with 4 slots"), "{}", r.stderr);
 }

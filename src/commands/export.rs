@@ -124,6 +124,7 @@ fn yaml(label: &str, entries: &[Entry]) -> String {
         if let Some(m) = &e.mps {
             out.push_str("      mps:\n");
             for (key, value) in mps_fields(m) {
+                let value = value.as_str().map_or_else(|| value.to_string(), str::to_string);
                 out.push_str(&format!("        {key}: {value}\n"));
             }
         }
