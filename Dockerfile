@@ -11,6 +11,8 @@ COPY proto proto
 COPY crates crates
 COPY src src
 COPY benches benches
+# `gpupart --version` names this commit: --build-arg GPUPART_COMMIT=$(git rev-parse --short=12 HEAD)
+ARG GPUPART_COMMIT=unknown
 RUN cargo build --release --locked -p gpupart --bin gpupart
 
 FROM gcr.io/distroless/cc-debian12:nonroot

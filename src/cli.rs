@@ -5,9 +5,12 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+/// `gpupart --version`: the version and the commit it was built from (`unknown` outside git).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("GPUPART_COMMIT"), ")");
+
 /// gpupart: partition NVIDIA GPUs (MIG) with minimal-diff reconfiguration.
 #[derive(Debug, Parser)]
-#[command(name = "gpupart", version, about, propagate_version = true)]
+#[command(name = "gpupart", version = VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// Options of every verb.
     #[command(flatten)]
@@ -338,7 +341,7 @@ pub struct PlanArgs {
     #[arg(short = 'o', long = "output", value_enum, default_value_t = PlanFormat::Text)]
     pub output: PlanFormat,
     /// Percent added to a model's memory before the smallest fitting MIG profile is chosen.
-    #[arg(long, value_name = "PCT", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=400))]
+    #[arg(long, value_name = "PCT", default_value_t = 10, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(0..=400))]
     pub headroom: u32,
     /// Start from today's layouts: a mapping from node name to its `gpupart status -o json`.
     #[arg(long, value_name = "FILE", conflicts_with = "from_cluster")]

@@ -78,7 +78,7 @@ fn spec(v: &Value, at: &str) -> Result<HookSpec, HookError> {
 
 /// Parses a hooks file.
 pub fn parse(text: &str) -> Result<Hooks, HookError> {
-    let root: Value = serde_saphyr::from_str(text).map_err(|e| HookError(format!("invalid YAML: {e}")))?;
+    let root: Value = crate::config::yaml::from_str(text).map_err(|e| HookError(format!("invalid YAML: {e}")))?;
     let Value::Object(top) = root else {
         return Err(HookError("expected a mapping with 'version' and 'hooks'".into()));
     };
@@ -141,7 +141,7 @@ impl Hooks {
 
 /// Parses a mig-manager GPU-clients file (`version: v1`, `systemd-services: [...]`).
 pub fn parse_gpu_clients(text: &str) -> Result<Vec<String>, HookError> {
-    let root: Value = serde_saphyr::from_str(text).map_err(|e| HookError(format!("invalid YAML: {e}")))?;
+    let root: Value = crate::config::yaml::from_str(text).map_err(|e| HookError(format!("invalid YAML: {e}")))?;
     let Value::Object(top) = root else { return Err(HookError("expected a mapping".into())) };
     for key in top.keys() {
         if key != "version" && key != "systemd-services" {

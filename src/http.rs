@@ -173,10 +173,11 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, limits: Serve
         next_id += 1;
         let answering = Arc::new(AtomicBool::new(false));
         let flag = answering.clone();
-        let service = TowerToHyperService::new(app.clone().map_request(move |req: http::Request<hyper::body::Incoming>| {
-            flag.store(true, Ordering::Release);
-            req
-        }));
+        let service =
+            TowerToHyperService::new(app.clone().map_request(move |req: http::Request<hyper::body::Incoming>| {
+                flag.store(true, Ordering::Release);
+                req
+            }));
         let map = held.clone();
         // Registered before it can finish, so its own removal below always finds it.
         let mut guard = held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -103,7 +103,10 @@ fn a_scrape_is_answered_while_hundreds_of_half_sent_requests_are_open() {
         let t = Instant::now();
         let answer = try_scrape(agent.port);
         let took = t.elapsed();
-        assert!(answer.is_some_and(|m| m.contains("gpupart_build_info")), "no /metrics with {total} half-sent requests");
+        assert!(
+            answer.is_some_and(|m| m.contains("gpupart_build_info")),
+            "no /metrics with {total} half-sent requests"
+        );
         println!("/metrics answered in {} ms with {total} half-sent requests open", took.as_millis());
     }
 }

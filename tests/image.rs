@@ -90,7 +90,13 @@ fn every_reference_names_the_same_image() {
                     word[i + "gpupart:".len()..].starts_with(|c: char| c.is_ascii_digit() || c == 'v' || c == 'l')
                 });
                 if tagged {
-                    assert_eq!(word.trim_end_matches(['.', ',', ')']), want, "{}:{} names another image", f.display(), n + 1);
+                    assert_eq!(
+                        word.trim_end_matches(['.', ',', ')']),
+                        want,
+                        "{}:{} names another image",
+                        f.display(),
+                        n + 1
+                    );
                     seen += 1;
                 }
             }

@@ -180,8 +180,12 @@ fn mps_goes_to_gpus_without_mig_and_says_so() {
     )
     .unwrap();
     let doc = plan_json(f.to_str().unwrap(), &[]);
-    let nodes: Vec<(&str, &str)> =
-        doc["nodes"].as_array().unwrap().iter().map(|n| (n["name"].as_str().unwrap(), n["pool"].as_str().unwrap())).collect();
+    let nodes: Vec<(&str, &str)> = doc["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap(), n["pool"].as_str().unwrap()))
+        .collect();
     assert_eq!(nodes, [("a100-0", "idle"), ("t4-0", "mps")], "{doc}");
     assert!(doc["decisions"][0]["reason"].as_str().unwrap().contains("on GPUs without MIG (T4-16GB)"), "{doc}");
     // The example: whisper's slots on an L4 node, no H100 touched for them.

@@ -43,8 +43,7 @@ fn every_simulated_run_says_so_and_a_real_one_does_not() {
         assert_eq!(applied.stdout.contains("simulated GPUs, no real GPU changed"), simulated, "{}", applied.stdout);
         assert_eq!(applied.stderr.contains("simulated GPUs"), simulated, "{b:?}: {}", applied.stderr);
         assert_eq!(node.status()["simulated"], simulated, "{b:?}");
-        let frag: serde_json::Value =
-            serde_json::from_str(&node.run(&["frag", "-o", "json"]).ok().stdout).unwrap();
+        let frag: serde_json::Value = serde_json::from_str(&node.run(&["frag", "-o", "json"]).ok().stdout).unwrap();
         assert_eq!(frag["simulated"], simulated, "{b:?}");
     }
 }

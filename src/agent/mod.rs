@@ -194,7 +194,14 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                 Mode::Kube { watch, client, node: node.clone(), clients }
             }
         };
-        let outputs = Outputs { metrics, reporter: Arc::new(Fanout { reporters, simulated: raw_simulated }), summaries, mps, plugin, pod_source };
+        let outputs = Outputs {
+            metrics,
+            reporter: Arc::new(Fanout { reporters, simulated: raw_simulated }),
+            summaries,
+            mps,
+            plugin,
+            pod_source,
+        };
         async_main(a.clone(), mode, config, backend, outputs, tx, rx).await
     });
     // A blocking task still running (a change past its grace) must not hold the exit up.

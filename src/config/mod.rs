@@ -2,6 +2,7 @@
 //! texts, each error naming the config, the entry index, the key and the offending value.
 
 mod parse;
+pub mod yaml;
 pub(crate) use parse::parse_mem_limit;
 mod select;
 

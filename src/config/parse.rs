@@ -31,7 +31,7 @@ fn show(v: &Value) -> String {
 
 /// Parses and validates a mig-parted v1 config (YAML, or JSON as a subset of YAML).
 pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
-    let root: Value = serde_saphyr::from_str(text).map_err(|e| ConfigError::top(format!("invalid YAML: {e}")))?;
+    let root: Value = super::yaml::from_str(text).map_err(|e| ConfigError::top(format!("invalid YAML: {e}")))?;
     let Value::Object(top) = root else {
         return Err(ConfigError::top(format!(
             "expected a mapping with 'version' and 'mig-configs', found {}",

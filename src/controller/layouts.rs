@@ -62,7 +62,7 @@ fn parse_doc(text: &str) -> Result<Value, LayoutsError> {
         return Ok(serde_json::json!({"version": "v1", "mig-configs": {}}));
     }
     crate::config::parse(text).map_err(|e| LayoutsError::Invalid(e.to_string()))?;
-    serde_saphyr::from_str(text).map_err(|e| LayoutsError::Invalid(e.to_string()))
+    crate::config::yaml::from_str(text).map_err(LayoutsError::Invalid)
 }
 
 /// Merges `add` into the config `text`; generated layouts outside `add` and `in_use` are removed,

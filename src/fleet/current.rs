@@ -90,7 +90,8 @@ pub fn from_status(node: &str, doc: &Value) -> Result<Vec<CurrentGpu>, InputErro
 
 /// A file of `status -o json` documents: a mapping from node name to its document (YAML or JSON).
 pub fn parse_status_file(text: &str) -> Result<Current, InputError> {
-    let root: Value = serde_saphyr::from_str(text).map_err(|e| err("current".into(), format!("invalid YAML: {e}")))?;
+    let root: Value =
+        crate::config::yaml::from_str(text).map_err(|e| err("current".into(), format!("invalid YAML: {e}")))?;
     let Value::Object(m) = root else {
         return Err(err("current".into(), "expected a mapping from node name to its `status -o json` document"));
     };

@@ -272,7 +272,7 @@ fn check_demand(at: &str, d: &Demand) -> Result<(), InputError> {
 
 /// Parses the input YAML (or JSON).
 pub fn parse(text: &str) -> Result<Input, InputError> {
-    let root: Value = serde_saphyr::from_str(text).map_err(|e| err("input", format!("invalid YAML: {e}")))?;
+    let root: Value = crate::config::yaml::from_str(text).map_err(|e| err("input", format!("invalid YAML: {e}")))?;
     let Value::Object(top) = root else {
         return Err(err("input", format!("expected a mapping with 'fleet' and 'demand', found {}", show(&root))));
     };

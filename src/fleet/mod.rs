@@ -188,7 +188,11 @@ pub fn plan_from(input: &Input, opts: &Options, today: &current::Current) -> Res
             tracing::debug!(phase, elapsed_ms, "planning");
         }
     };
-    progress(&format!("{} nodes, {} models, {replicas} replicas: choosing pools", input.nodes.len(), input.demand.len()));
+    progress(&format!(
+        "{} nodes, {} models, {replicas} replicas: choosing pools",
+        input.nodes.len(),
+        input.demand.len()
+    ));
     let choices = choose::choose(input, opts.headroom_pct)?;
     let mut b = Builder::new(input, &choices, today);
     b.freeze()?;

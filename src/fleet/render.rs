@@ -97,7 +97,9 @@ pub fn kube_yaml(doc: &PlanDoc) -> String {
 /// [`kube_yaml`], then `kubectl label` and `kubectl taint` per node. kubectl refuses a node that
 /// does not exist, so the script never creates one.
 pub fn kubectl_script(doc: &PlanDoc) -> String {
-    let mut out = String::from("#!/bin/sh\n# gpupart plan: the agents' ConfigMap and the descheduler policy, then each node's labels\n");
+    let mut out = String::from(
+        "#!/bin/sh\n# gpupart plan: the agents' ConfigMap and the descheduler policy, then each node's labels\n",
+    );
     out.push_str(
         "# and taints. kubectl refuses a node that does not exist: names made from a group's `count:`\n\
          # (<group>-<i>) are placeholders; list real names with `nodes:` or plan with --from-cluster.\n\

@@ -16,6 +16,12 @@ pub enum StoreError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The state file is read-only: the simulated GPUs cannot change.
+    #[error("{path}: the simulator's state file is read-only; nothing was changed (make it writable to change the simulated GPUs)")]
+    ReadOnly {
+        /// The file.
+        path: String,
+    },
     /// Not valid JSON for the documented format, or inconsistent.
     #[error("{path}: invalid simulator state: {reason}")]
     Invalid {
@@ -36,15 +42,25 @@ pub fn load(path: &Path) -> Result<SimState, StoreError> {
     Ok(state)
 }
 
-/// Writes the state atomically: a sibling temporary file, fsync, then rename over `path`.
+/// Writes the state atomically: a sibling temporary file, fsync, then rename over `path`. An
+/// existing file keeps its permissions; a read-only one is refused (a user's statement that the
+/// simulated GPUs must not change, which the rename alone would ignore).
 pub fn save(path: &Path, state: &SimState) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
     let io = |source| StoreError::Io { path: path.display().to_string(), source };
+    let mode = std::fs::metadata(path).ok().map(|m| m.permissions().mode() & 0o7777);
+    if mode.is_some_and(|m| m & 0o222 == 0) {
+        return Err(StoreError::ReadOnly { path: path.display().to_string() });
+    }
     let mut text = serde_json::to_string_pretty(state).map_err(|e| io(std::io::Error::other(e)))?;
     text.push('\n');
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state.json");
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
     f.write_all(text.as_bytes()).map_err(io)?;
+    if let Some(m) = mode {
+        f.set_permissions(std::fs::Permissions::from_mode(m)).map_err(io)?;
+    }
     f.sync_all().map_err(io)?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(io)
