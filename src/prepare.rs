@@ -79,6 +79,9 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
     let idents: Vec<GpuIdent> = states.iter().map(ident).collect();
     let selections =
         select(config, &idents).map_err(|e| PrepareError { problems: vec![e.to_string()], blocked: false })?;
+    if let Some(reason) = crate::config::no_mig_reason(config, &idents, &selections) {
+        return Err(PrepareError { problems: vec![reason], blocked: false });
+    }
     let mut out = Vec::new();
     let mut problems = Vec::new();
     for (s, sel) in states.iter().zip(selections) {

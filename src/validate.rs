@@ -2,7 +2,7 @@
 //! entry selects, counts over instanceCount, infeasible layouts, device indices out of range.
 //! Pure: the caller supplies the node (or none, meaning "every catalog model").
 
-use crate::config::{select, ConfigFile, DeviceSpec, Devices, GpuIdent, MigConfig, Selection};
+use crate::config::{no_mig_reason, select_all, ConfigFile, DeviceSpec, Devices, GpuIdent, MigConfig, Selection};
 use crate::layout::DesiredDevices;
 use crate::mig::catalog::{self, Model};
 use crate::plan::plan;
@@ -98,13 +98,10 @@ fn check_entry_offline(config: &MigConfig, entry: usize, spec: &DeviceSpec, foun
 
 fn check_on_node(config: &MigConfig, node: &[(&'static Model, GpuIdent)], problems: &mut Vec<String>) {
     let idents: Vec<GpuIdent> = node.iter().map(|(_, i)| i.clone()).collect();
-    let selections = match select(config, &idents) {
-        Ok(s) => s,
-        Err(e) => {
-            problems.push(e.to_string());
-            return;
-        }
-    };
+    // Every problem: a bad index does not hide what the other entries would do.
+    let (selections, errors) = select_all(config, &idents);
+    problems.extend(errors.iter().map(ToString::to_string));
+    problems.extend(no_mig_reason(config, &idents, &selections));
     let mut seen = Vec::new();
     for ((model, ident), sel) in node.iter().zip(selections) {
         if let Selection::Disabled { entry, mps: Some(mps) } = &sel {

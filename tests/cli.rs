@@ -259,7 +259,45 @@ mig-configs:
         &[],
     )
     .failed();
-    assert!(r.stderr.contains("config 'a', entry 0, key 'bogus': unexpected field: bogus"), "{}", r.stderr);
+    assert!(r.all().contains("config 'a', entry 0, key 'bogus': unexpected field: bogus"), "{}", r.all());
+}
+
+#[test]
+fn validate_finds_everything_apply_would_refuse() {
+    let node = Node::new("T4-16GB:2");
+    let f = node.config(
+        "v.yaml",
+        "version: v1\nmig-configs:\n  bad:\n    - devices: [0, 9]\n      mig-enabled: true\n      mig-devices: {3g.20gb: 1}\n\
+         \x20   - devices: [1]\n      mig-enabled: true\n      mig-devices: {5g.10gb: 1}\n\
+         \x20   - devices: [2]\n      mig-enabled: true\n      mig-devices: {4g.40gb: 2}\n\
+         \x20 broken:\n    - devices: all\n      mig-enabled: true\n\
+         \x20 also-broken:\n    - devices: 7\n      mig-enabled: false\n\
+         \x20 mig:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {1g.10gb: 1}\n",
+    );
+    // An out-of-range index hides neither the other entries nor the other configs, and a config
+    // that does not parse hides none of the others.
+    let r = gpupart(&["validate", "-f", &f, "--gpu", "A100-SXM4-40GB:4"], &[]).failed();
+    for want in [
+        "config 'bad', entry 0, key 'devices': device index 9 is out of range",
+        "config 'bad', entry 1, key 'mig-devices': on GPU 1 (A100-SXM4-40GB): unsupported MIG device specified 5g.10gb",
+        "config 'bad', entry 2, key 'mig-devices': on GPU 2 (A100-SXM4-40GB): unsupported MIG device specified 4g.40gb",
+        "config 'broken', entry 0, key 'mig-devices': missing required field",
+        "config 'also-broken', entry 0, key 'devices'",
+    ] {
+        assert!(r.stdout.contains(want), "missing `{want}`:\n{}", r.stdout);
+    }
+    assert!(r.stderr.contains("5 problem(s) in 4 config(s)"), "{}", r.stderr);
+    // A MIG entry on GPUs without MIG: validate and apply give the same, real reason.
+    let reason = "config 'mig', entry 0 asks for MIG, but GPU 0 (T4-16GB), GPU 1 (T4-16GB) have no MIG";
+    let r = gpupart(&["validate", "-f", &f, "-c", "mig", "--gpu", "T4-16GB:2"], &[]).failed();
+    assert!(r.stdout.contains(reason), "{}", r.all());
+    let good = node.config("mig.yaml", "version: v1\nmig-configs:\n  mig:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {1g.10gb: 1}\n");
+    let r = node.apply_result(&good, "mig").failed();
+    assert!(r.stderr.contains(reason), "{}", r.stderr);
+    // An unfiltered MPS entry some catalog models cannot serve warns for each of them.
+    let mps = node.config("mps.yaml", "version: v1\nmig-configs:\n  m:\n    - devices: all\n      mig-enabled: false\n      mps: {replicas: 2, pinned-memory-limit: 20G}\n");
+    let r = gpupart(&["validate", "-f", &mps], &[]).ok();
+    assert!(r.stdout.contains("warning: config 'm', entry 0, key 'mps.pinned-memory-limit': 20480M exceeds the 15360M of memory of T4-16GB"), "{}", r.stdout);
 }
 
 #[test]

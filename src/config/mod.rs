@@ -6,8 +6,8 @@ pub mod yaml;
 pub(crate) use parse::parse_mem_limit;
 mod select;
 
-pub use parse::parse;
-pub use select::{select, GpuIdent, SelectError, Selection};
+pub use parse::{parse, parse_all};
+pub use select::{no_mig_reason, select, select_all, GpuIdent, SelectError, Selection};
 
 use gpupart_mig::ProfileName;
 use std::fmt;

@@ -29,8 +29,20 @@ fn show(v: &Value) -> String {
     }
 }
 
-/// Parses and validates a mig-parted v1 config (YAML, or JSON as a subset of YAML).
+/// Parses and validates a mig-parted v1 config (YAML, or JSON as a subset of YAML); the first
+/// problem is the error.
 pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
+    let (file, mut errors) = parse_all(text)?;
+    if errors.is_empty() {
+        Ok(file)
+    } else {
+        Err(errors.remove(0))
+    }
+}
+
+/// Parses every config of the file on its own: the configs that parsed, and the error of each
+/// one that did not. A problem outside the configs (YAML, version, the extension) is the error.
+pub fn parse_all(text: &str) -> Result<(ConfigFile, Vec<ConfigError>), ConfigError> {
     let root: Value = super::yaml::from_str(text).map_err(|e| ConfigError::top(format!("invalid YAML: {e}")))?;
     let Value::Object(top) = root else {
         return Err(ConfigError::top(format!(
@@ -58,12 +70,17 @@ pub fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
         None => return Err(ConfigError::top("missing required field 'mig-configs'")),
     };
     let mut out = Vec::new();
+    let mut errors = Vec::new();
     for (name, specs) in configs {
-        let mut config = parse_config(name, specs)?;
-        config.workload = workload.clone();
-        out.push(config);
+        match parse_config(name, specs) {
+            Ok(mut config) => {
+                config.workload = workload.clone();
+                out.push(config);
+            }
+            Err(e) => errors.push(e),
+        }
     }
-    Ok(ConfigFile { configs: out, workload })
+    Ok((ConfigFile { configs: out, workload }, errors))
 }
 
 /// The `gpupart:` extension block: `workload: {PROFILE: WEIGHT, …}`.

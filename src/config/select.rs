@@ -74,9 +74,50 @@ pub enum SelectError {
     },
 }
 
-/// Resolves which entry applies to each GPU; the result is in `gpus` order.
+/// Resolves which entry applies to each GPU; the result is in `gpus` order. The first problem
+/// is the error ([`select_all`] finds every one).
 pub fn select(config: &MigConfig, gpus: &[GpuIdent]) -> Result<Vec<Selection>, SelectError> {
+    let (out, mut errors) = select_all(config, gpus);
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors.remove(0))
+    }
+}
+
+/// Why nothing of `config` applies to a node whose GPUs all lack MIG although an entry asks for
+/// MIG on them; `None` when some GPU is selected for a change or no entry was skipped so.
+pub fn no_mig_reason(config: &MigConfig, gpus: &[GpuIdent], selections: &[Selection]) -> Option<String> {
+    let skipped: Vec<(usize, &GpuIdent)> = gpus
+        .iter()
+        .zip(selections)
+        .filter_map(|(g, s)| match s {
+            Selection::SkippedNoMig { entry } => Some((*entry, g)),
+            _ => None,
+        })
+        .collect();
+    let anything = selections.iter().any(|s| matches!(s, Selection::Enabled { .. } | Selection::Disabled { .. }));
+    if skipped.is_empty() || anything {
+        return None;
+    }
+    let mut entries: Vec<usize> = skipped.iter().map(|(e, _)| *e).collect();
+    entries.dedup();
+    let gpus: Vec<String> = skipped.iter().map(|(_, g)| format!("GPU {} ({})", g.index, g.model)).collect();
+    let entries: Vec<String> = entries.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "config '{}', entry {} asks for MIG, but {} {} no MIG: no entry of the config applies to this node",
+        config.name,
+        entries.join(", "),
+        gpus.join(", "),
+        if gpus.len() == 1 { "has" } else { "have" }
+    ))
+}
+
+/// Resolves which entry applies to each GPU, going on past problems: the selections (a GPU an
+/// erroneous entry names is left as the other entries make it) and every problem found.
+pub fn select_all(config: &MigConfig, gpus: &[GpuIdent]) -> (Vec<Selection>, Vec<SelectError>) {
     let mut out = vec![Selection::Unselected; gpus.len()];
+    let mut errors = Vec::new();
     for (entry, spec) in config.specs.iter().enumerate() {
         let filter_ok =
             |g: &GpuIdent| spec.filter.is_empty() || spec.filter.iter().any(|f| f.matches(g.device_id, g.subsystem_id));
@@ -85,12 +126,15 @@ pub fn select(config: &MigConfig, gpus: &[GpuIdent]) -> Result<Vec<Selection>, S
             Devices::Indices(list) => {
                 let mut t = Vec::new();
                 for &index in list {
-                    let g = gpus.iter().find(|g| g.index == index).ok_or_else(|| SelectError::IndexOutOfRange {
-                        config: config.name.clone(),
-                        entry,
-                        index,
-                        count: gpus.len(),
-                    })?;
+                    let Some(g) = gpus.iter().find(|g| g.index == index) else {
+                        errors.push(SelectError::IndexOutOfRange {
+                            config: config.name.clone(),
+                            entry,
+                            index,
+                            count: gpus.len(),
+                        });
+                        continue;
+                    };
                     if filter_ok(g) {
                         t.push(g);
                     }
@@ -104,12 +148,13 @@ pub fn select(config: &MigConfig, gpus: &[GpuIdent]) -> Result<Vec<Selection>, S
                 Selection::Disabled { entry, mps: spec.mps }
             } else if !g.mig_capable {
                 if explicit {
-                    return Err(SelectError::NotMigCapable {
+                    errors.push(SelectError::NotMigCapable {
                         config: config.name.clone(),
                         entry,
                         index: g.index,
                         model: g.model.clone(),
                     });
+                    continue;
                 }
                 Selection::SkippedNoMig { entry }
             } else {
@@ -117,5 +162,5 @@ pub fn select(config: &MigConfig, gpus: &[GpuIdent]) -> Result<Vec<Selection>, S
             };
         }
     }
-    Ok(out)
+    (out, errors)
 }
