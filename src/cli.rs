@@ -462,6 +462,10 @@ pub struct AgentArgs {
     /// Write the agent's state as JSON here (bare-metal mode).
     #[arg(long, value_name = "FILE")]
     pub status_file: Option<PathBuf>,
+    /// mig-parted hooks file run around every change, as `apply -k` runs it (apply-start,
+    /// pre-apply-mode, pre-apply-config, apply-exit).
+    #[arg(long = "hooks", value_name = "FILE", env = "MIG_PARTED_HOOKS_FILE")]
+    pub hooks: Option<PathBuf>,
     /// Prefix of the node summary labels and annotations (Kubernetes mode).
     #[arg(long, default_value = "gpupart.io/")]
     pub annotation_prefix: String,

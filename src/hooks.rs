@@ -116,23 +116,71 @@ pub fn parse(text: &str) -> Result<Hooks, HookError> {
     Ok(Hooks { hooks })
 }
 
+/// Lines of a failing hook's output shown in its error.
+const OUTPUT_TAIL_LINES: usize = 20;
+
+/// The last `n` lines of `bytes`, as text.
+fn tail(bytes: &[u8], n: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+impl HookSpec {
+    /// Why this command cannot start, checked before starting it: a working directory or a
+    /// program (given as a path) that does not exist. The OS would say only "No such file".
+    fn cannot_start(&self) -> Option<String> {
+        if let Some(dir) = &self.workdir {
+            if !dir.is_dir() {
+                return Some(format!("its working directory {} does not exist", dir.display()));
+            }
+        }
+        let program = match &self.workdir {
+            Some(dir) if !self.command.starts_with('/') && self.command.contains('/') => dir.join(&self.command),
+            _ => PathBuf::from(&self.command),
+        };
+        (self.command.contains('/') && !program.exists())
+            .then(|| format!("the program {} does not exist", program.display()))
+    }
+}
+
 impl Hooks {
     /// Runs hook `name` (nothing if absent) with `settings` (`MIG_PARTED_*`) as the environment
-    /// besides each command's own `envs`. Output is inherited only when `verbose`.
+    /// besides each command's own `envs`. A failing command's error ends with the last lines of
+    /// its output; with `verbose` every command's output is shown.
     pub fn run(&self, name: &str, settings: &[(String, String)], verbose: bool) -> Result<(), HookError> {
         for (i, h) in self.hooks.get(name).into_iter().flatten().enumerate() {
+            let at = format!("hook {name}[{i}] ({})", h.command);
+            if let Some(why) = h.cannot_start() {
+                return Err(HookError(format!("{at} cannot run: {why}")));
+            }
             let mut c = Command::new(&h.command);
             c.args(&h.args).env_clear().envs(settings.iter().map(|(k, v)| (k, v))).envs(&h.envs);
             if let Some(dir) = &h.workdir {
                 c.current_dir(dir);
             }
-            if !verbose {
-                c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-            }
+            c.stdin(std::process::Stdio::null());
             tracing::info!(hook = name, index = i, command = %h.command, "running hook");
-            let status = c.status().map_err(|e| HookError(format!("hook {name}[{i}] ({}): {e}", h.command)))?;
-            if !status.success() {
-                return Err(HookError(format!("hook {name}[{i}] ({}) failed: {status}", h.command)));
+            let out = c.output().map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => HookError(format!("{at} cannot run: no program {} on PATH", h.command)),
+                _ => HookError(format!("{at} cannot run: {e}")),
+            })?;
+            if verbose {
+                use std::io::Write as _;
+                let _ = std::io::stderr().write_all(&out.stdout);
+                let _ = std::io::stderr().write_all(&out.stderr);
+            }
+            if !out.status.success() {
+                let mut shown = tail(&out.stderr, OUTPUT_TAIL_LINES);
+                if shown.trim().is_empty() {
+                    shown = tail(&out.stdout, OUTPUT_TAIL_LINES);
+                }
+                let output = if shown.trim().is_empty() {
+                    " (no output)".to_string()
+                } else {
+                    format!("; its output ends:\n{shown}")
+                };
+                return Err(HookError(format!("{at} failed: {}{output}", out.status)));
             }
         }
         Ok(())

@@ -150,3 +150,56 @@ fn reboot_only_when_allowed_and_only_once() {
     assert!(st["reason"].as_str().unwrap().contains("did not take effect after rebooting"), "{st}");
     assert!(!marker.exists(), "no second reboot");
 }
+
+#[test]
+fn the_agent_runs_a_hooks_file_around_each_change() {
+    let node = Node::new("A100-SXM4-80GB:1");
+    let layout = node.dir.path().join("layout");
+    let trace = node.dir.path().join("trace");
+    let hook = |name: &str| {
+        format!(
+            "  {name}:\n  - command: /bin/sh\n    args: [\"-c\", \"echo {name} $MIG_PARTED_SELECTED_CONFIG >> {}\"]\n",
+            trace.display()
+        )
+    };
+    let hooks = node.config(
+        "hooks.yaml",
+        &format!(
+            "version: v1\nhooks:\n{}{}{}{}",
+            hook("apply-start"),
+            hook("pre-apply-mode"),
+            hook("pre-apply-config"),
+            hook("apply-exit")
+        ),
+    );
+    std::fs::write(&layout, "all-balanced\n").unwrap();
+    let agent = start(&node, &layout, &["--poll-interval", "100ms", "--hooks", &hooks]);
+    agent.wait_for("success", "all-balanced");
+    assert_eq!(
+        std::fs::read_to_string(&trace).unwrap(),
+        "apply-start all-balanced\npre-apply-mode all-balanced\npre-apply-config all-balanced\napply-exit all-balanced\n"
+    );
+    drop(agent);
+    // A failing apply-start stops the change: nothing changes, the state says why, apply-exit runs.
+    std::fs::remove_file(&trace).unwrap();
+    let failing = node.config(
+        "fail.yaml",
+        &format!(
+            "version: v1\nhooks:\n  apply-start:\n  - command: /bin/sh\n    args: [\"-c\", \"echo services would not stop >&2; exit 1\"]\n{}",
+            hook("apply-exit")
+        ),
+    );
+    let before = node.load();
+    std::fs::write(&layout, "mixed-3g-2g\n").unwrap();
+    let agent = start(&node, &layout, &["--poll-interval", "100ms", "--hooks", &failing]);
+    let st = agent.wait_for("failed", "mixed-3g-2g");
+    assert_eq!(st["failure"], "hook", "{st}");
+    let reason = st["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("hook apply-start[0] (/bin/sh) failed") && reason.contains("services would not stop"),
+        "{reason}"
+    );
+    assert!(reason.ends_with("nothing was changed"), "{reason}");
+    assert_eq!(node.load(), before);
+    assert!(std::fs::read_to_string(&trace).unwrap().starts_with("apply-exit mixed-3g-2g\n"));
+}

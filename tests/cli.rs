@@ -423,3 +423,30 @@ fn mig_parted_hooks_run_in_order_with_their_environment() {
         .failed();
     assert!(r.all().contains("unknown hook 'after'"), "{}", r.all());
 }
+
+#[test]
+fn hooks_say_why_they_cannot_run_and_show_a_failures_output() {
+    let node = Node::new("A100-SXM4-80GB:1");
+    let cfg = example_config();
+    // NVIDIA's own minimal systemd hooks: the real problem is the missing working directory.
+    let minimal = nvidia_config("mig-parted-systemd-hooks-minimal.yaml");
+    let r = node.run(&["apply", "-f", &cfg, "-c", "all-balanced", "-k", minimal.to_str().unwrap()]).failed();
+    assert!(
+        r.stderr.contains(
+            "hook apply-start[0] (/bin/bash) cannot run: its working directory /etc/nvidia-mig-manager does not exist"
+        ),
+        "{}",
+        r.stderr
+    );
+    let missing = node.config("missing.yaml", "version: v1\nhooks:\n  apply-start:\n  - command: /no/such/tool\n");
+    let r = node.run(&["apply", "-f", &cfg, "-c", "all-balanced", "-k", &missing]).failed();
+    assert!(r.stderr.contains("cannot run: the program /no/such/tool does not exist"), "{}", r.stderr);
+    // A failing hook's own words are shown without -d.
+    let loud = node.config(
+        "loud.yaml",
+        "version: v1\nhooks:\n  apply-start:\n  - command: /bin/sh\n    args: [\"-c\", \"echo step one; echo systemctl: unit k8s.service not found >&2; exit 3\"]\n",
+    );
+    let r = node.run(&["apply", "-f", &cfg, "-c", "all-balanced", "-k", &loud]).failed();
+    assert!(r.stderr.contains("hook apply-start[0] (/bin/sh) failed: exit status: 3"), "{}", r.stderr);
+    assert!(r.stderr.contains("systemctl: unit k8s.service not found"), "{}", r.stderr);
+}

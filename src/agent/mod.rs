@@ -105,6 +105,18 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     others.extend(a.layout_file.iter().map(|f| ("the layout file", f.clone())));
     lock::check_distinct(&a.lock_file, &others).map_err(anyhow::Error::msg)?;
     let _lock = lock::NodeLock::acquire(&a.lock_file)?;
+    let agent_hooks = match &a.hooks {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading hooks file {}", p.display()))?;
+            let hooks = crate::hooks::parse(&text).with_context(|| format!("invalid hooks file {}", p.display()))?;
+            let config = match &a.config_map {
+                Some(cm) => cm.to_string(),
+                None => config_of(a).display().to_string(),
+            };
+            Some(Arc::new(reconcile::AgentHooks { hooks, file: p.display().to_string(), config, debug: g.debug }))
+        }
+        None => None,
+    };
     let raw: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
     let raw_simulated = raw.is_simulated();
     let metrics = Arc::new(crate::metrics::Metrics::for_backend(raw_simulated));
@@ -201,6 +213,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
             mps,
             plugin,
             pod_source,
+            hooks: agent_hooks,
         };
         async_main(a.clone(), mode, config, backend, outputs, tx, rx).await
     });
@@ -267,6 +280,7 @@ struct Outputs {
     mps: crate::mps::Mps,
     plugin: Option<crate::kubelet::device_plugin::DevicePluginHandle>,
     pod_source: Option<Arc<crate::kubelet::pod_resources::Reported>>,
+    hooks: Option<Arc<reconcile::AgentHooks>>,
 }
 
 async fn async_main(
@@ -278,7 +292,7 @@ async fn async_main(
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
-    let Outputs { metrics, reporter, summaries, mps, plugin, pod_source } = outputs;
+    let Outputs { metrics, reporter, summaries, mps, plugin, pod_source, hooks: agent_hooks } = outputs;
     let health = Arc::new(Health::default());
     health.beat();
     let listener = tokio::net::TcpListener::bind(a.metrics_addr)
@@ -372,13 +386,14 @@ async fn async_main(
         };
         let mut run_settings = settings;
         run_settings.force |= forced;
-        let (m, p, pods) = (mps.clone(), plugin.clone(), pod_source.clone());
+        let (m, p, pods, hooks) = (mps.clone(), plugin.clone(), pod_source.clone(), agent_hooks.clone());
         let mut task = tokio::task::spawn_blocking(move || {
             let edges = reconcile::Edges {
                 clients: clients.as_deref().map(|c| c as &dyn reconcile::Clients),
                 mps: Some(&m),
                 slots: p.as_ref().map(|p| p as &dyn reconcile::SlotSink),
                 allocations: pods.as_deref().map(|s| s as &dyn crate::kubelet::pod_resources::AllocationSource),
+                hooks: hooks.as_deref(),
             };
             reconcile(b.as_ref(), &desired, run_settings, &edges, &mut |pending| r.publish(pending))
         });

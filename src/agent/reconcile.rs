@@ -70,6 +70,54 @@ pub struct Edges<'a> {
     pub slots: Option<&'a dyn SlotSink>,
     /// The kubelet's allocations (a second busy signal).
     pub allocations: Option<&'a dyn AllocationSource>,
+    /// A mig-parted hooks file run around each change.
+    pub hooks: Option<&'a AgentHooks>,
+}
+
+/// The agent's hooks file and the `MIG_PARTED_*` settings its commands see.
+#[derive(Debug, Clone)]
+pub struct AgentHooks {
+    /// The parsed file.
+    pub hooks: crate::hooks::Hooks,
+    /// Its path (`MIG_PARTED_HOOKS_FILE`).
+    pub file: String,
+    /// The config's path or ConfigMap (`MIG_PARTED_CONFIG_FILE`).
+    pub config: String,
+    /// `-d` (`MIG_PARTED_DEBUG`; hooks' output shown).
+    pub debug: bool,
+}
+
+impl AgentHooks {
+    /// The environment of the hooks for a change to layout `name`, as `apply` gives it.
+    fn settings(&self, name: &str) -> Vec<(String, String)> {
+        vec![
+            ("MIG_PARTED_CONFIG_FILE".into(), self.config.clone()),
+            ("MIG_PARTED_SELECTED_CONFIG".into(), name.to_string()),
+            ("MIG_PARTED_HOOKS_FILE".into(), self.file.clone()),
+            ("MIG_PARTED_SKIP_RESET".into(), "false".into()),
+            ("MIG_PARTED_MODE_CHANGE_ONLY".into(), "false".into()),
+            ("MIG_PARTED_DEBUG".into(), self.debug.to_string()),
+        ]
+    }
+
+    /// Runs the hooks due before a change of `jobs`: apply-start, then pre-apply-mode when a MIG
+    /// mode changes and pre-apply-config when instances change.
+    fn before(&self, name: &str, jobs: &[crate::prepare::Job]) -> Result<(), crate::hooks::HookError> {
+        let settings = self.settings(name);
+        self.hooks.run("apply-start", &settings, self.debug)?;
+        if jobs.iter().any(|j| j.mode_change.is_some()) {
+            self.hooks.run("pre-apply-mode", &settings, self.debug)?;
+        }
+        if jobs.iter().any(|j| j.plan.as_ref().is_some_and(|p| !p.is_noop())) {
+            self.hooks.run("pre-apply-config", &settings, self.debug)?;
+        }
+        Ok(())
+    }
+
+    /// Runs apply-exit (after apply-start ran, whatever happened since).
+    fn exit(&self, name: &str) -> Result<(), crate::hooks::HookError> {
+        self.hooks.run("apply-exit", &self.settings(name), self.debug)
+    }
 }
 
 /// GPU instances kept, destroyed and created over every plan.
@@ -196,12 +244,21 @@ pub fn reconcile(
         sink.leaving(&leaving);
     }
     let start = Instant::now();
+    if let Some(h) = edges.hooks {
+        if let Err(e) = h.before(name, &jobs) {
+            let exit = h.exit(name).err().map(|x| format!("; then {x}")).unwrap_or_default();
+            return failed(layout, Failure::Hook, format!("{e}{exit}; nothing was changed"), true);
+        }
+    }
     if let Some(c) = edges.clients {
         match c.pause() {
             Ok(()) => {}
             // An API outage is not a failed change: the GPUs are untouched and the change waits.
             Err(PauseError::Unreachable(why)) => {
                 c.resume();
+                if let Some(h) = edges.hooks {
+                    let _ = h.exit(name);
+                }
                 let reason = format!("waiting for the Kubernetes API to pause GPU clients, nothing changed yet: {why}");
                 return Reconciled {
                     status: AgentStatus::new(Phase::Pending, layout.clone(), reason),
@@ -211,6 +268,9 @@ pub fn reconcile(
             }
             Err(PauseError::NotStopped(why)) => {
                 c.resume();
+                if let Some(h) = edges.hooks {
+                    let _ = h.exit(name);
+                }
                 return failed(
                     layout,
                     Failure::Clients,
@@ -224,6 +284,7 @@ pub fn reconcile(
     if let Some(c) = edges.clients {
         c.resume();
     }
+    let exit_failed = edges.hooks.and_then(|h| h.exit(name).err());
     let ms = start.elapsed().as_millis() as u64;
     let errors: Vec<&ExecError> = reports
         .iter()
@@ -237,6 +298,10 @@ pub fn reconcile(
         .filter_map(|r| r.error.as_ref().map(|e| format!("GPU {}: MPS daemon: {e}", r.gpu)))
         .collect();
     if errors.is_empty() && mps_errors.is_empty() {
+        if let Some(e) = exit_failed {
+            let st = AgentStatus::failed(layout.clone(), Failure::Hook, format!("applied '{name}', then {e}"));
+            return done(with_counts(st, ms), true);
+        }
         let st = AgentStatus::new(Phase::Success, layout.clone(), format!("applied '{name}' in {ms} ms"));
         return done(with_counts(st, ms), false);
     }

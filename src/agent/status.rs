@@ -56,12 +56,14 @@ pub enum Failure {
     Reboot,
     /// An MPS daemon could not be started, changed or restarted.
     Mps,
+    /// A hook of the agent's hooks file failed (nothing was changed when it ran before the change).
+    Hook,
 }
 
 impl Failure {
     /// Every kind, in documentation order.
-    pub const ALL: [Failure; 6] =
-        [Failure::Config, Failure::Busy, Failure::Gpu, Failure::Clients, Failure::Reboot, Failure::Mps];
+    pub const ALL: [Failure; 7] =
+        [Failure::Config, Failure::Busy, Failure::Gpu, Failure::Clients, Failure::Reboot, Failure::Mps, Failure::Hook];
 
     /// The label value (`config`, `busy`, …).
     pub fn as_str(self) -> &'static str {
@@ -72,6 +74,7 @@ impl Failure {
             Failure::Clients => "clients",
             Failure::Reboot => "reboot",
             Failure::Mps => "mps",
+            Failure::Hook => "hook",
         }
     }
 }
