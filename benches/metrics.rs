@@ -27,7 +27,7 @@ fn main() {
     let opts = Options {
         force: false,
         mode_only: false,
-        exec: ExecOptions { dry_run: false, parallel: 8, skip_reset: false },
+        exec: ExecOptions { dry_run: false, parallel: 8, skip_reset: false, stop: None },
     };
     reconfigure::run(&backend, file.get("seven").expect("config"), opts).expect("applies");
     let metrics = Arc::new(Metrics::new());

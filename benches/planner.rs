@@ -29,7 +29,7 @@ fn layout(file: &ConfigFile, name: &str) -> Vec<GpuState> {
     let opts = Options {
         force: false,
         mode_only: false,
-        exec: ExecOptions { dry_run: false, parallel: 8, skip_reset: false },
+        exec: ExecOptions { dry_run: false, parallel: 8, skip_reset: false, stop: None },
     };
     let pass = reconfigure::run(&backend, file.get(name).expect("config"), opts).expect("applies");
     assert_eq!(pass.failed(), 0);

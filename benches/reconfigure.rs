@@ -21,8 +21,11 @@ mig-configs:
 "#;
 
 fn pass(backend: &SimBackend, file: &ConfigFile, name: &str, parallel: usize) -> (Duration, usize) {
-    let opts =
-        Options { force: false, mode_only: false, exec: ExecOptions { dry_run: false, parallel, skip_reset: false } };
+    let opts = Options {
+        force: false,
+        mode_only: false,
+        exec: ExecOptions { dry_run: false, parallel, skip_reset: false, stop: None },
+    };
     let t = Instant::now();
     let p = reconfigure::run(backend, file.get(name).expect("config"), opts).expect("applies");
     assert_eq!(p.failed(), 0);

@@ -9,7 +9,7 @@ use crate::layout::DesiredDevices;
 use crate::mig::Placement;
 use crate::prepare::{Job, Target};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -119,6 +119,14 @@ pub enum ExecError {
         /// Processes or instances in the way.
         detail: String,
     },
+    /// Stopped on request before (or part-way through) this GPU's plan.
+    #[error("GPU {gpu}: interrupted {}", if *started { "part-way: the changes listed were made, the rest of its plan was not" } else { "before its changes began: nothing was changed" })]
+    Interrupted {
+        /// GPU index.
+        gpu: u32,
+        /// Whether some of its changes were made.
+        started: bool,
+    },
     /// The GPU does not match the plan after applying it.
     #[error("GPU {gpu}: verification failed: {detail}")]
     Verify {
@@ -164,11 +172,15 @@ pub struct ExecOptions {
     pub parallel: usize,
     /// Never reset GPUs; a pending mode is then reported as "reset required".
     pub skip_reset: bool,
+    /// Set (by a signal) to stop: the change under way finishes (a GPU instance with its compute
+    /// instances is one change), no further one starts, and GPUs not begun are left alone.
+    pub stop: Option<&'static AtomicBool>,
 }
 
 /// Runs all jobs, up to `parallel` GPUs at a time; reports come back in job order.
 pub fn execute(backend: &dyn GpuBackend, jobs: &[Job], opts: ExecOptions) -> Vec<GpuReport> {
     let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
     let slots: Vec<Mutex<Option<GpuReport>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
     let workers = opts.parallel.clamp(1, jobs.len().max(1));
     std::thread::scope(|scope| {
@@ -176,8 +188,31 @@ pub fn execute(backend: &dyn GpuBackend, jobs: &[Job], opts: ExecOptions) -> Vec
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(job) = jobs.get(i) else { break };
-                let span = tracing::info_span!("gpu", index = job.state.info.index);
-                let report = span.in_scope(|| run_job(backend, job, opts));
+                let gpu = job.state.info.index;
+                let span = tracing::info_span!("gpu", index = gpu);
+                let report = span.in_scope(|| {
+                    let report = if opts.stop.is_some_and(|s| s.load(Ordering::SeqCst)) && !job.is_noop() {
+                        let outcome = Outcome::Failed(ExecError::Interrupted { gpu, started: false });
+                        GpuReport { gpu, steps: Vec::new(), outcome, elapsed: Duration::ZERO }
+                    } else {
+                        run_job(backend, job, opts)
+                    };
+                    // Progress: each GPU's end, with how many of the node's are done.
+                    let finished = done.fetch_add(1, Ordering::SeqCst) + 1;
+                    let (changes, of) = (report.steps.len(), jobs.len());
+                    match &report.outcome {
+                        Outcome::Failed(e @ ExecError::Interrupted { .. }) => {
+                            tracing::warn!(error = %e, changes, finished, of, "stopped")
+                        }
+                        Outcome::Failed(e) => tracing::error!(error = %e, changes, finished, of, "failed"),
+                        Outcome::Applied => {
+                            let ms = report.elapsed.as_millis() as u64;
+                            tracing::info!(changes, ms, finished, of, "done");
+                        }
+                        _ => {}
+                    }
+                    report
+                });
                 *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
             });
         }
@@ -204,6 +239,7 @@ struct Run<'a> {
     gpu: u32,
     steps: Vec<Step>,
     skip_reset: bool,
+    stop: Option<&'static AtomicBool>,
 }
 
 fn run_job(backend: &dyn GpuBackend, job: &Job, opts: ExecOptions) -> GpuReport {
@@ -215,10 +251,10 @@ fn run_job(backend: &dyn GpuBackend, job: &Job, opts: ExecOptions) -> GpuReport 
         Outcome::DryRun
     } else {
         tracing::info!(model = %job.state.info.model, "reconfiguring");
-        let mut run = Run { backend, gpu, steps: Vec::new(), skip_reset: opts.skip_reset };
+        let mut run = Run { backend, gpu, steps: Vec::new(), skip_reset: opts.skip_reset, stop: opts.stop };
         let result = run.apply(job);
         let steps = std::mem::take(&mut run.steps);
-        let report = GpuReport {
+        return GpuReport {
             gpu,
             steps,
             outcome: match result {
@@ -227,24 +263,29 @@ fn run_job(backend: &dyn GpuBackend, job: &Job, opts: ExecOptions) -> GpuReport 
             },
             elapsed: start.elapsed(),
         };
-        match &report.outcome {
-            Outcome::Failed(e) => {
-                tracing::error!(error = %e, changes = report.steps.len(), "failed")
-            }
-            _ => tracing::info!(changes = report.steps.len(), ms = report.elapsed.as_millis() as u64, "done"),
-        }
-        return report;
     };
     GpuReport { gpu, steps: Vec::new(), outcome, elapsed: start.elapsed() }
 }
 
 impl Run<'_> {
+    /// Stops before the next change when a stop was requested.
+    fn check(&self) -> Result<(), ExecError> {
+        match self.stop {
+            Some(s) if s.load(Ordering::SeqCst) => {
+                Err(ExecError::Interrupted { gpu: self.gpu, started: !self.steps.is_empty() })
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn apply(&mut self, job: &Job) -> Result<(), ExecError> {
+        self.check()?;
         if job.mode_change == Some(true) {
             self.set_mode(true)?;
         }
         if let Some(plan) = &job.plan {
             for d in &plan.destroy {
+                self.check()?;
                 for &ci in &d.ci_ids {
                     self.backend.destroy_compute_instance(self.gpu, d.gi_id, ci)?;
                     self.steps.push(Step::DestroyCi { gi: d.gi_id, ci });
@@ -254,6 +295,7 @@ impl Run<'_> {
                 self.steps.push(Step::DestroyGi { gi: d.gi_id, name: d.name.clone(), placement: d.placement });
             }
             for r in &plan.reshape {
+                self.check()?;
                 for &ci in &r.ci_ids {
                     self.backend.destroy_compute_instance(self.gpu, r.gi_id, ci)?;
                     self.steps.push(Step::DestroyCi { gi: r.gi_id, ci });
@@ -265,10 +307,12 @@ impl Run<'_> {
                 tracing::debug!(gi = r.gi_id, profile = %r.name, start = r.placement.start, cis = ?r.device_names, "redid the compute instances of a kept GPU instance");
             }
             for c in &plan.create {
+                self.check()?;
                 self.create(c)?;
             }
         }
         if job.mode_change == Some(false) {
+            self.check()?;
             self.set_mode(false)?;
         }
         self.verify(job)

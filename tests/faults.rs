@@ -8,7 +8,11 @@ mod support;
 use std::time::{Duration, Instant};
 use support::{example_config, Backend, Node};
 
-on_both_backends!(each_mutating_call_site_fails_cleanly_and_reruns_converge, sigkill_mid_apply_then_rerun_converges);
+on_both_backends!(
+    each_mutating_call_site_fails_cleanly_and_reruns_converge,
+    sigkill_mid_apply_then_rerun_converges,
+    ctrl_c_mid_apply_finishes_the_change_under_way_and_says_what_was_done,
+);
 
 /// Checks the state file loads (it is validated on load) and has no GPU instance without CIs.
 fn consistent(node: &Node) -> usize {
@@ -93,4 +97,32 @@ fn sigkill_mid_apply_then_rerun_converges(b: Backend) {
     println!("{b:?}: {points} kill points over {total:?}, {intermediate} left the node mid-change, all converged");
     assert!(intermediate * 2 >= points, "only {intermediate} of {points} kills landed mid-apply");
     assert!(total > Duration::from_millis(500), "the slow apply took {total:?}");
+}
+
+fn ctrl_c_mid_apply_finishes_the_change_under_way_and_says_what_was_done(b: Backend) {
+    let cfg = example_config();
+    let node = Node::with(b, "A100-SXM4-80GB:4");
+    let delay = node.delay_var();
+    // 16 changes of 50 ms per GPU, two GPUs at a time: about 1.6 s in all.
+    let child = node
+        .command(&["apply", "-f", &cfg, "-c", "all-1g.10gb", "--parallel", "2"], &[(delay, "50")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(stderr.contains("interrupted by SIGINT: "), "{stderr}");
+    assert!(stdout.contains("interrupted part-way: the changes listed were made"), "{stdout}");
+    assert!(stdout.contains("interrupted before its changes began: nothing was changed"), "{stdout}");
+    // The change under way finished: no GPU instance without its compute instance.
+    assert_eq!(consistent(&node), 0);
+    let untouched = node.load().gpus.iter().filter(|g| g.gpu_instances.is_empty()).count();
+    assert!(untouched >= 1, "a GPU not begun stays as it was");
+    node.apply(&cfg, "all-1g.10gb");
+    node.run(&["assert", "-f", &cfg, "-c", "all-1g.10gb"]).ok();
 }

@@ -330,7 +330,7 @@ async fn async_main(
     let settings = Settings {
         force: a.force,
         allow_reboot: a.allow_reboot,
-        exec: ExecOptions { dry_run: false, parallel: a.parallel as usize, skip_reset: false },
+        exec: ExecOptions { dry_run: false, parallel: a.parallel as usize, skip_reset: false, stop: None },
     };
     let seed = u64::from(std::process::id()) ^ 0x9E37_79B9;
     let mut backoff = Backoff::new(a.retry_min, a.retry_max, seed);

@@ -56,13 +56,21 @@ fn apply_with_hooks(
     settings: &[(String, String)],
 ) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
+    if !a.dry_run {
+        super::interrupt::install();
+    }
     if backend.gpu_count().context("counting the GPUs")? == 0 {
         anyhow::bail!("no GPUs found ({}): nothing to apply config '{}' to", backend.describe(), config.name);
     }
     let opts = Options {
         force: a.force,
         mode_only: a.mode_only,
-        exec: ExecOptions { dry_run: a.dry_run, parallel: a.parallel as usize, skip_reset: a.skip_reset },
+        exec: ExecOptions {
+            dry_run: a.dry_run,
+            parallel: a.parallel as usize,
+            skip_reset: a.skip_reset,
+            stop: Some(&super::interrupt::STOP),
+        },
     };
     let mut before = |jobs: &[Job]| -> Result<(), String> {
         let Some(h) = hooks else { return Ok(()) };
@@ -114,6 +122,23 @@ fn apply_with_hooks(
         "{changed} GPU(s) to change, {} unchanged; GPU instances kept {kept}, destroyed {destroyed}, created {created}{simulated}",
         reports.len() - changed - failed
     );
+    if let Some((signal, code)) = super::interrupt::received() {
+        let stopped = |started: bool| {
+            reports
+                .iter()
+                .filter(|r| {
+                    matches!(&r.outcome, Outcome::Failed(crate::exec::ExecError::Interrupted { started: s, .. }) if *s == started)
+                })
+                .count()
+        };
+        let (part, not_started) = (stopped(true), stopped(false));
+        let finished = reports.iter().filter(|r| matches!(r.outcome, Outcome::Applied)).count();
+        eprintln!(
+            "interrupted by {signal}: {finished} GPU(s) finished, {part} stopped part-way (the changes listed above \
+             were made), {not_started} not started; apply again to finish"
+        );
+        return Ok(ExitCode::from(code));
+    }
     if failed > 0 {
         eprintln!("error: {failed} GPU(s) failed; see above for what was changed on each");
         return Ok(ExitCode::FAILURE);

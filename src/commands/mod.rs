@@ -14,6 +14,7 @@ mod apply;
 mod assert;
 mod export;
 mod frag;
+mod interrupt;
 mod plan;
 mod status;
 mod validate;
