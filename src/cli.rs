@@ -237,6 +237,59 @@ pub enum Command {
     Plan(PlanArgs),
     /// Run the cluster controller: node layouts follow the pending GPU pods (docs/controller.md).
     Controller(Box<ControllerArgs>),
+    /// Print the layouts the GPUs' profiles allow as a v1 config (as mig-parted generates them).
+    #[command(name = "generate-config")]
+    GenerateConfig(GenerateConfigArgs),
+    /// Save the node's MIG state (modes, instances, placements) to a mig-parted checkpoint file.
+    Checkpoint(CheckpointArgs),
+    /// Bring back a checkpoint's MIG state: exact placements, keeping what already matches.
+    Restore(RestoreArgs),
+}
+
+/// `generate-config` options.
+#[derive(Debug, Args)]
+pub struct GenerateConfigArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// Write the config here instead of standard output.
+    #[arg(short = 'f', long = "output-file", value_name = "FILE", env = "MIG_PARTED_OUTPUT_FILE")]
+    pub output_file: Option<PathBuf>,
+    /// Output format (`--output-format`, mig-parted's spelling, works too).
+    #[arg(short = 'o', long = "output", visible_alias = "output-format", value_enum, default_value_t = ExportFormat::Yaml)]
+    pub output: ExportFormat,
+}
+
+/// `checkpoint` options.
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// The checkpoint file to write.
+    #[arg(short = 'f', long = "checkpoint-file", value_name = "FILE", env = "MIG_PARTED_CHECKPOINT_FILE")]
+    pub checkpoint_file: PathBuf,
+}
+
+/// `restore` options.
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// The checkpoint file to restore.
+    #[arg(short = 'f', long = "checkpoint-file", value_name = "FILE", env = "MIG_PARTED_CHECKPOINT_FILE")]
+    pub checkpoint_file: PathBuf,
+    /// mig-parted hooks file (apply-start, pre-apply-mode, pre-apply-config, apply-exit).
+    #[arg(short = 'k', long = "hooks-file", value_name = "FILE", env = "MIG_PARTED_HOOKS_FILE")]
+    pub hooks_file: Option<PathBuf>,
+    /// Only restore MIG modes; leave instances alone.
+    #[arg(short = 'm', long, env = "MIG_PARTED_MODE_CHANGE_ONLY", action = ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
+    pub mode_only: bool,
+    /// Destroy busy instances the checkpoint does not hold.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `NAMESPACE/NAME` of a namespaced object.

@@ -8,6 +8,7 @@ pub use gpupart_mig as mig;
 
 pub mod agent;
 pub mod backend;
+pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod controller;
 pub mod exec;
 pub mod fleet;
 pub mod frag;
+pub mod fsutil;
 pub mod fuzzing;
 pub mod hooks;
 pub mod http;

@@ -35,14 +35,9 @@ pub struct StatusFile {
 impl Reporter for StatusFile {
     fn publish(&self, status: &AgentStatus) {
         let write = || -> std::io::Result<()> {
-            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = self.path.with_extension("tmp");
             let mut text = serde_json::to_string_pretty(status).map_err(std::io::Error::other)?;
             text.push('\n');
-            std::fs::write(&tmp, text)?;
-            std::fs::rename(&tmp, &self.path)
+            crate::fsutil::write_atomic(&self.path, text.as_bytes())
         };
         if let Err(e) = write() {
             tracing::error!(path = %self.path.display(), error = %e, "cannot write the status file");

@@ -184,7 +184,7 @@ fn mode_word(on: bool) -> &'static str {
     }
 }
 
-fn render(out: &mut String, job: &Job, report: &GpuReport, mps_changes: bool) {
+pub(super) fn render(out: &mut String, job: &Job, report: &GpuReport, mps_changes: bool) {
     let s = &job.state;
     let _ = write!(out, "GPU {} {} ({})", s.info.index, s.info.model, s.info.uuid);
     if let Target::Leave { reason } = &job.target {

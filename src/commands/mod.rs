@@ -12,8 +12,10 @@ macro_rules! outln {
 
 mod apply;
 mod assert;
+mod checkpoint;
 mod export;
 mod frag;
+mod generate;
 mod interrupt;
 mod plan;
 mod status;
@@ -42,6 +44,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(a) => status::run(&gpu(&a.gpu)?, a),
         Command::Agent(a) => crate::agent::run(&gpu(&a.gpu)?, a),
         Command::Frag(a) => frag::run(&gpu(&a.gpu)?, a),
+        Command::GenerateConfig(a) => generate::run(&gpu(&a.gpu)?, a),
+        Command::Checkpoint(a) => checkpoint::save(&gpu(&a.gpu)?, a),
+        Command::Restore(a) => checkpoint::restore(&gpu(&a.gpu)?, a),
         Command::Controller(a) => {
             offline("controller", top, &[]);
             crate::controller::run::run(a)

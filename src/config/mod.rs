@@ -1,6 +1,7 @@
 //! The mig-parted v1 config format: parsing and validation with mig-parted's rules and error
 //! texts, each error naming the config, the entry index, the key and the offending value.
 
+pub mod generate;
 mod parse;
 pub mod yaml;
 pub(crate) use parse::parse_mem_limit;

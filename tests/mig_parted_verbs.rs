@@ -1,0 +1,112 @@
+//! mig-parted's remaining verbs through the real binary, on both backends: `generate-config`
+//! (the layouts the discovered profiles allow, valid and appliable), `checkpoint` (mig-parted's
+//! JSON) and `restore` (exact placements back, what already matches kept, busy instances safe).
+
+#[macro_use]
+mod support;
+
+use support::{example_config, layout, Backend, Node};
+
+on_both_backends!(
+    generated_configs_validate_and_every_one_applies,
+    checkpoint_then_restore_brings_placements_back_with_the_fewest_changes,
+    restore_refuses_what_it_cannot_do_and_changes_nothing,
+);
+
+/// Config names of a v1 YAML config, in order.
+fn config_names(text: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_saphyr::from_str(text).unwrap();
+    v["mig-configs"].as_object().unwrap().keys().cloned().collect()
+}
+
+fn generated_configs_validate_and_every_one_applies(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
+    let text = node.run(&["generate-config"]).ok().stdout;
+    let names = config_names(&text);
+    for want in ["all-disabled", "all-enabled", "all-balanced", "all-1g.10gb", "all-1g.10gb.me", "all-7g.80gb"] {
+        assert!(names.contains(&want.to_string()), "{want} missing from {names:?}");
+    }
+    assert!(text.contains("  all-balanced:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 2\n        \"2g.20gb\": 1\n        \"3g.40gb\": 1\n"), "{text}");
+    assert!(!text.contains("device-filter"), "one GPU kind: no filter\n{text}");
+    let f = node.config("generated.yaml", &text);
+    let checked = node.run(&["validate", "-f", &f, "--strict", "--gpu", "A100-SXM4-80GB:2"]).ok();
+    assert!(checked.stdout.contains(&format!("OK: {} config(s)", names.len())), "{}", checked.stdout);
+    for name in &names {
+        node.apply(&f, name);
+        node.run(&["assert", "-f", &f, "-c", name]).ok();
+    }
+    // -f writes the file; -o json is the same content.
+    let out = node.dir.path().join("out.json");
+    node.run(&["generate-config", "-o", "json", "-f", out.to_str().unwrap()]).ok();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(json["mig-configs"]["all-1g.10gb"][0]["mig-devices"]["1g.10gb"], 7);
+}
+
+fn checkpoint_then_restore_brings_placements_back_with_the_fewest_changes(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2,A30-24GB:1");
+    let cfg = example_config();
+    node.apply(&cfg, "all-balanced");
+    let saved = layout(&node.status());
+    let file = node.dir.path().join("checkpoint.json");
+    let r = node.run(&["checkpoint", "-f", file.to_str().unwrap()]).ok();
+    assert!(r.stdout.contains("MIG configuration checkpointed successfully"), "{}", r.stdout);
+    // mig-parted's own format.
+    let c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(c["Version"], "v1");
+    let d0 = &c["MigState"]["Devices"][0];
+    assert!(d0["UUID"].as_str().unwrap().starts_with("GPU-") && d0["MigMode"] == 1, "{c}");
+    assert!(
+        d0["GpuInstances"][0]["Placement"]["Size"].is_u64()
+            && d0["GpuInstances"][0]["ComputeInstances"][0]["EngProfileID"] == 0
+    );
+    node.apply(&cfg, "mixed-3g-2g");
+    assert_ne!(layout(&node.status()), saved);
+    let r = node.run(&["restore", "-f", file.to_str().unwrap()]).ok();
+    assert!(r.stdout.contains("MIG configuration restored successfully"), "{}", r.stdout);
+    assert!(r.stdout.contains("  keep "), "instances that match stay:\n{}", r.stdout);
+    assert_eq!(layout(&node.status()), saved, "the same profiles at the same placements");
+    // A second restore changes nothing; a MIG-off checkpoint turns MIG off again.
+    let again = node.run(&["restore", "-f", file.to_str().unwrap()]).ok();
+    assert_eq!(again.stdout.matches("already applied").count(), 3, "{}", again.stdout);
+    node.apply(&cfg, "all-disabled");
+    let off = node.dir.path().join("off.json");
+    node.run(&["checkpoint", "-f", off.to_str().unwrap()]).ok();
+    node.apply(&cfg, "all-balanced");
+    node.run(&["restore", "-f", off.to_str().unwrap()]).ok();
+    assert!(node.status()["gpus"].as_array().unwrap().iter().all(|g| g["mig_mode"]["current"] == false));
+}
+
+fn restore_refuses_what_it_cannot_do_and_changes_nothing(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:1");
+    let cfg = example_config();
+    node.apply(&cfg, "all-balanced");
+    let file = node.dir.path().join("checkpoint.json");
+    node.run(&["checkpoint", "-f", file.to_str().unwrap()]).ok();
+    node.apply(&cfg, "mixed-3g-2g");
+    // A process on an instance the checkpoint does not hold (mixed-3g-2g's 2g.20gb@2).
+    let gi = node.load().gpus[0].gpu_instances.iter().find(|g| g.placement.start == 2).unwrap().id;
+    node.attach(0, gi, 4242);
+    let before = node.load();
+    let r = node.run(&["restore", "-f", file.to_str().unwrap()]).failed();
+    assert!(r.stderr.contains("is in use (pids 4242)") && r.stderr.contains("nothing was changed"), "{}", r.stderr);
+    assert_eq!(node.load(), before);
+    // A checkpoint of another node names the GPU it cannot find.
+    let text = std::fs::read_to_string(&file).unwrap().replace("GPU-", "GPU-0000");
+    let other = node.config("other.json", &text);
+    let r = node.run(&["restore", "-f", &other]).failed();
+    assert!(r.stderr.contains("is not on this node"), "{}", r.stderr);
+    assert_eq!(node.load(), before);
+    // Once the process ends, --force is not needed; mig-parted writes null for an empty list.
+    let mut s = node.load();
+    s.gpus[0].gpu_instances.iter_mut().for_each(|g| g.compute_instances.iter_mut().for_each(|c| c.processes.clear()));
+    node.save(&s);
+    let uuid = node.status()["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    let empty = node.config(
+        "empty.json",
+        &format!(
+            r#"{{"Version":"v1","MigState":{{"Devices":[{{"UUID":"{uuid}","MigMode":1,"GpuInstances":null}}]}}}}"#
+        ),
+    );
+    node.run(&["restore", "-f", &empty]).ok();
+    assert!(node.load().gpus[0].gpu_instances.is_empty());
+}
