@@ -13,10 +13,12 @@ COPY src src
 COPY benches benches
 # `gpupart --version` names this commit: --build-arg GPUPART_COMMIT=$(git rev-parse --short=12 HEAD)
 ARG GPUPART_COMMIT=unknown
-RUN cargo build --release --locked -p gpupart --bin gpupart
+# nvidia-mig-parted beside it: invoked by that name, gpupart answers mig-parted's command line.
+RUN cargo build --release --locked -p gpupart --bin gpupart \
+    && mkdir -p /out && cp target/release/gpupart /out/gpupart && ln -s gpupart /out/nvidia-mig-parted
 
 FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/gpupart /usr/local/bin/gpupart
+COPY --from=build /out/ /usr/local/bin/
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
 EXPOSE 9477

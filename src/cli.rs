@@ -35,6 +35,34 @@ pub struct GlobalArgs {
     #[arg(long, short = 'd', global = true, env = "MIG_PARTED_DEBUG", action = ArgAction::SetTrue,
           value_parser = BoolishValueParser::new())]
     pub debug: bool,
+    /// Answer as NVIDIA's mig-parted does where the two differ (set when invoked as
+    /// `nvidia-mig-parted`): `apply` of a config that selects none of the GPUs succeeds.
+    #[arg(long, global = true, hide = true)]
+    pub as_mig_parted: bool,
+}
+
+/// The program name under which gpupart answers as NVIDIA's mig-parted (a symlink or copy).
+pub const MIG_PARTED_NAME: &str = "nvidia-mig-parted";
+
+impl Cli {
+    /// Parses the command line; invoked as `nvidia-mig-parted`, the usage names that program and
+    /// mig-parted's answers apply.
+    pub fn parse_invoked() -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let invoked = args
+            .first()
+            .and_then(|a| std::path::Path::new(a).file_name())
+            .is_some_and(|n| n == std::ffi::OsStr::new(MIG_PARTED_NAME));
+        let mut command = Cli::command();
+        if invoked {
+            command = command.name(MIG_PARTED_NAME).bin_name(MIG_PARTED_NAME);
+        }
+        let matches = command.get_matches_from(args);
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.global.as_mig_parted |= invoked;
+        cli
+    }
 }
 
 /// Options of the verbs that read or change GPUs (apply, assert, export, status, frag, agent).
@@ -101,6 +129,8 @@ pub struct GpuOptions {
     pub pod_resources_socket: PathBuf,
     /// `-d`: debug logs (also passed to hooks).
     pub debug: bool,
+    /// Invoked as `nvidia-mig-parted`: mig-parted's answers where the two differ.
+    pub as_mig_parted: bool,
 }
 
 /// A non-empty environment variable.
@@ -185,6 +215,7 @@ impl GpuArgs {
             )
             .unwrap_or_else(|| PathBuf::from(crate::kubelet::pod_resources::DEFAULT_SOCKET)),
             debug,
+            as_mig_parted: false,
         })
     }
 }
@@ -344,10 +375,10 @@ pub struct ControllerArgs {
     pub cooldown: std::time::Duration,
     /// The agents' config: a ConfigMap whose `config.yaml` holds the hand-written layouts and
     /// the generated ones; its annotation `gpupart.io/controller: off` pauses the controller.
-    #[arg(long, value_name = "NS/NAME", default_value = "gpupart/gpupart-layouts", value_parser = parse_object_name)]
+    #[arg(long, value_name = "NS/NAME", default_value = "gpupart-system/gpupart-config", value_parser = parse_object_name)]
     pub layouts_configmap: ObjectName,
     /// The leader-election Lease.
-    #[arg(long, value_name = "NS/NAME", default_value = "gpupart/gpupart-controller", value_parser = parse_object_name)]
+    #[arg(long, value_name = "NS/NAME", default_value = "gpupart-system/gpupart-controller", value_parser = parse_object_name)]
     pub lease: ObjectName,
     /// Lease duration: a new leader takes over this long after the old one stopped renewing.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]

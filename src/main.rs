@@ -1,11 +1,10 @@
 //! The `gpupart` binary: parse the command line, set up logging, run the verb.
 
-use clap::Parser;
 use gpupart::cli::Cli;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_invoked();
     let cli_format = cli.global.log_format;
     gpupart::logging::init(cli_format, cli.global.debug);
     match gpupart::commands::run(cli) {

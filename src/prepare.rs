@@ -55,6 +55,9 @@ pub struct PrepareError {
     pub problems: Vec<String>,
     /// Whether the only problems are busy instances (so `--force` would help).
     pub blocked: bool,
+    /// Whether the one problem is that the config selects none of the node's GPUs (mig-parted
+    /// then succeeds doing nothing).
+    pub selects_nothing: bool,
 }
 
 impl fmt::Display for PrepareError {
@@ -77,10 +80,13 @@ pub fn ident(s: &GpuState) -> GpuIdent {
 /// Resolves what `config` wants of each GPU (names resolved on each GPU's own profile table).
 pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, PrepareError> {
     let idents: Vec<GpuIdent> = states.iter().map(ident).collect();
-    let selections =
-        select(config, &idents).map_err(|e| PrepareError { problems: vec![e.to_string()], blocked: false })?;
+    let selections = select(config, &idents).map_err(|e| PrepareError {
+        problems: vec![e.to_string()],
+        blocked: false,
+        selects_nothing: false,
+    })?;
     if let Some(reason) = crate::config::no_mig_reason(config, &idents, &selections) {
-        return Err(PrepareError { problems: vec![reason], blocked: false });
+        return Err(PrepareError { problems: vec![reason], blocked: false, selects_nothing: true });
     }
     let mut out = Vec::new();
     let mut problems = Vec::new();
@@ -113,7 +119,9 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
             },
         });
     }
-    if !out.is_empty() && problems.is_empty() && out.iter().all(|t| matches!(t, Target::Leave { .. })) {
+    let selects_nothing =
+        !out.is_empty() && problems.is_empty() && out.iter().all(|t| matches!(t, Target::Leave { .. }));
+    if selects_nothing {
         let models: Vec<&str> = states.iter().map(|s| s.info.model.as_str()).collect();
         problems.push(format!(
             "config '{}' has no entry for this node's GPUs ({}): it would change nothing",
@@ -124,7 +132,7 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
     if problems.is_empty() {
         Ok(out)
     } else {
-        Err(PrepareError { problems, blocked: false })
+        Err(PrepareError { problems, blocked: false, selects_nothing })
     }
 }
 
@@ -205,6 +213,6 @@ pub fn prepare(
     if problems.is_empty() {
         Ok(jobs)
     } else {
-        Err(PrepareError { problems, blocked: all_blocked })
+        Err(PrepareError { problems, blocked: all_blocked, selects_nothing: false })
     }
 }

@@ -158,7 +158,9 @@ pub fn run(backend: &dyn GpuBackend, config: &MigConfig, opts: Options) -> Resul
 pub fn plan_mps(mps: Option<&Mps>, jobs: &[Job], force: bool) -> Result<Vec<GpuMps>, PrepareError> {
     match mps {
         None => Ok(Vec::new()),
-        Some(m) => m.plan(jobs, force).map_err(|problems| PrepareError { problems, blocked: true }),
+        Some(m) => {
+            m.plan(jobs, force).map_err(|problems| PrepareError { problems, blocked: true, selects_nothing: false })
+        }
     }
 }
 

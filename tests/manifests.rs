@@ -155,3 +155,40 @@ fn systemd_unit_is_notify_and_ordered_before_kubelet() {
     }
     assert!(unit.contains("agent --no-kube"));
 }
+
+#[test]
+fn beside_the_gpu_operator_the_shipped_manifests_and_the_flag_defaults_agree() {
+    // The agent pauses and restarts the Operator's device plugin, GFD and DCGM exporter.
+    let ds = documents();
+    let agent = ds.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let args: Vec<&str> = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(args.contains(&"--pause-gpu-clients"), "{args:?}");
+    let help = support::gpupart(&["agent", "--help"], &[]).ok().stdout;
+    for a in &args[1..] {
+        let flag = a.split('=').next().unwrap();
+        assert!(help.contains(flag), "{flag} is not an agent flag");
+    }
+    // The controller's defaults are the names the manifests use, so it runs without flags.
+    let help = support::gpupart(&["controller", "--help"], &[]).ok().stdout;
+    let docs = documents_of("deploy/controller.yaml");
+    let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let cargs: Vec<&str> = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    for flag in ["--layouts-configmap", "--lease"] {
+        let value = cargs.iter().find_map(|a| a.strip_prefix(&format!("{flag}="))).unwrap();
+        assert!(help.contains(&format!("[default: {value}]")), "{flag}: the manifest's {value} is not the default");
+    }
+    // The image carries nvidia-mig-parted beside gpupart, for NVIDIA's MIG manager.
+    let dockerfile = std::fs::read_to_string(repo("Dockerfile")).unwrap();
+    assert!(dockerfile.contains("ln -s gpupart /out/nvidia-mig-parted"), "{dockerfile}");
+    assert!(dockerfile.contains("COPY --from=build /out/ /usr/local/bin/"), "{dockerfile}");
+}

@@ -110,3 +110,70 @@ fn restore_refuses_what_it_cannot_do_and_changes_nothing(b: Backend) {
     node.run(&["restore", "-f", &empty]).ok();
     assert!(node.load().gpus[0].gpu_instances.is_empty());
 }
+
+/// Runs gpupart through a symlink named `nvidia-mig-parted`, on `node`'s simulated GPUs given
+/// by the environment (as the MIG manager passes only mig-parted's own arguments).
+fn nvidia_mig_parted(node: &Node, args: &[&str]) -> support::Run {
+    let link = node.dir.path().join("bin/nvidia-mig-parted");
+    if !link.exists() {
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_gpupart"), &link).unwrap();
+    }
+    let out = std::process::Command::new(&link)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "warn")
+        .env("GPUPART_SIM_STATE", &node.state)
+        .env("GPUPART_MPS_ROOT", node.mps_root())
+        .output()
+        .unwrap();
+    support::Run::from(out)
+}
+
+#[test]
+fn as_nvidia_mig_parted_it_answers_the_mig_managers_calls() {
+    let node = Node::new("A100-SXM4-80GB:2");
+    let cfg = example_config();
+    let (f, c) = (cfg.as_str(), "all-balanced");
+    // The calls of NVIDIA's k8s-mig-manager (pkg/mig/reconfigure), in its order, and the exit
+    // codes it branches on.
+    let code = |args: &[&str]| nvidia_mig_parted(&node, args).code;
+    assert_eq!(code(&["assert", "--valid-config", "-f", f, "-c", c]), 0);
+    assert_eq!(code(&["assert", "--valid-config", "-f", f, "-c", "no-such-config"]), 1);
+    assert_eq!(code(&["assert", "-f", f, "-c", c]), 1, "not applied yet");
+    assert_eq!(code(&["assert", "--mode-only", "-f", f, "-c", c]), 1, "MIG mode must change");
+    assert_eq!(code(&["-d", "apply", "--mode-only", "-f", f, "-c", c]), 0);
+    assert_eq!(code(&["-d", "assert", "--mode-only", "-f", f, "-c", c]), 0);
+    let applied = nvidia_mig_parted(&node, &["-d", "apply", "-f", f, "-c", c]).ok();
+    assert!(applied.stdout.contains("MIG configuration applied successfully"), "{}", applied.stdout);
+    assert_eq!(code(&["assert", "-f", f, "-c", c]), 0);
+    // Its environment works as mig-parted's does.
+    let r = std::process::Command::new(node.dir.path().join("bin/nvidia-mig-parted"))
+        .arg("assert")
+        .env("MIG_PARTED_CONFIG_FILE", f)
+        .env("MIG_PARTED_SELECTED_CONFIG", c)
+        .env("GPUPART_SIM_STATE", &node.state)
+        .status()
+        .unwrap();
+    assert!(r.success());
+    // The minimal diff: a change keeps what can stay.
+    let changed = nvidia_mig_parted(&node, &["-d", "apply", "-f", f, "-c", "mixed-3g-2g"]).ok();
+    assert!(changed.stdout.contains("  keep "), "{}", changed.stdout);
+    // Usage and export speak as nvidia-mig-parted.
+    let help = nvidia_mig_parted(&node, &["--help"]).ok().stdout;
+    assert!(help.contains("Usage: nvidia-mig-parted"), "{help}");
+    let exported = nvidia_mig_parted(&node, &["export"]).ok().stdout;
+    assert!(exported.starts_with("version: v1\nmig-configs:\n  current:\n"), "{exported}");
+    // A config that selects none of this node's GPUs: mig-parted succeeds doing nothing, gpupart
+    // under its own name says why it refuses.
+    let h100_only = node.config(
+        "h100.yaml",
+        "version: v1\nmig-configs:\n  h100:\n    - device-filter: \"0x233010DE\"\n      devices: all\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 7}\n",
+    );
+    let before = node.load();
+    nvidia_mig_parted(&node, &["apply", "-f", &h100_only, "-c", "h100"]).ok();
+    assert_eq!(node.load(), before);
+    let r = node.run(&["apply", "-f", &h100_only, "-c", "h100"]).failed();
+    assert!(r.stderr.contains("has no entry for this node's GPUs"), "{}", r.stderr);
+}

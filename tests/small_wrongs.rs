@@ -72,7 +72,20 @@ fn output_is_offered_by_the_verbs_readme_names() {
     let readme = readme.replace('\n', " ");
     let from = readme.find("Output is `-o/--output` on").expect("README says where -o is");
     let line = &readme[from..from + readme[from..].find(". ").unwrap_or(readme.len() - from)];
-    for verb in ["apply", "assert", "export", "status", "frag", "plan", "validate", "agent", "controller"] {
+    for verb in [
+        "apply",
+        "assert",
+        "export",
+        "status",
+        "frag",
+        "plan",
+        "validate",
+        "agent",
+        "controller",
+        "generate-config",
+        "checkpoint",
+        "restore",
+    ] {
         let help = gpupart(&[verb, "--help"], &[]).ok().stdout;
         let has = help.contains("-o, --output");
         assert_eq!(has, line.contains(&format!("`{verb}`")), "{verb}: -o {has}; README: {line}");

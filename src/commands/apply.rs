@@ -89,6 +89,12 @@ fn apply_with_hooks(
     let allocations = source.as_ref().map(|s| s as &dyn crate::kubelet::pod_resources::AllocationSource);
     let pass = match reconfigure::run_with(backend.as_ref(), config, opts, Some(&mps), allocations, &mut before) {
         Ok(p) => p,
+        Err(PassError::Prepare(e)) if e.selects_nothing && g.as_mig_parted => {
+            // mig-parted walks no GPU and succeeds.
+            tracing::warn!("{}", e.problems.join("; "));
+            outln!("MIG configuration applied successfully (nothing selected)");
+            return Ok(ExitCode::SUCCESS);
+        }
         Err(PassError::Prepare(e)) => {
             eprintln!("error: nothing was changed; config '{}' cannot be applied:", config.name);
             for p in &e.problems {

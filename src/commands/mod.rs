@@ -36,7 +36,12 @@ use std::time::Duration;
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let top = &cli.gpu;
     let debug = cli.global.debug;
-    let gpu = |verb: &GpuArgs| verb.resolve(top, debug).map_err(anyhow::Error::msg);
+    let as_mig_parted = cli.global.as_mig_parted;
+    let gpu = |verb: &GpuArgs| {
+        let mut g = verb.resolve(top, debug).map_err(anyhow::Error::msg)?;
+        g.as_mig_parted = as_mig_parted;
+        anyhow::Ok(g)
+    };
     match &cli.command {
         Command::Apply(a) => apply::run(&gpu(&a.gpu)?, a),
         Command::Assert(a) => assert::run(&gpu(&a.gpu)?, a),
