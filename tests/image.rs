@@ -84,7 +84,7 @@ fn every_reference_names_the_same_image() {
     for f in files.iter().filter(|f| f.is_file()) {
         let text = std::fs::read_to_string(f).unwrap();
         for (n, line) in text.lines().enumerate() {
-            for word in line.split(|c: char| c.is_whitespace() || "`\"'".contains(c)) {
+            for word in line.split(|c: char| c.is_whitespace() || "`\"'=".contains(c)) {
                 // An image reference: `…gpupart:<version>` with or without a registry.
                 let tagged = word.match_indices("gpupart:").any(|(i, _)| {
                     word[i + "gpupart:".len()..].starts_with(|c: char| c.is_ascii_digit() || c == 'v' || c == 'l')

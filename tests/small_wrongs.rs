@@ -135,3 +135,35 @@ fn the_fuzz_script_finds_its_binary_under_cargo_target_dir_and_reports_only_real
     assert_ne!(code, 0);
     assert!(out.contains("did not run") && !out.contains("found a crash"), "{out}");
 }
+
+#[test]
+fn plan_errors_mention_todays_layouts_only_when_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("d.yaml");
+    // Valid input the planner refuses: 9 GPUs per replica on nodes of 8.
+    std::fs::write(
+        &f,
+        "fleet:\n  - {name: a, count: 2, gpu: A100-SXM4-80GB, gpus: 8}\ndemand:\n  - {name: tp, gpus: 9}\n",
+    )
+    .unwrap();
+    let r = gpupart(&["plan", "-f", f.to_str().unwrap()], &[]).failed();
+    assert!(r.stderr.contains("needs 9 GPUs on one node"), "{}", r.stderr);
+    assert!(!r.stderr.contains("today's layouts"), "{}", r.stderr);
+    let today = dir.path().join("today.json");
+    std::fs::write(&today, "{}").unwrap();
+    let r = gpupart(&["plan", "-f", f.to_str().unwrap(), "--current", today.to_str().unwrap()], &[]).failed();
+    assert!(r.stderr.contains("for today's layouts"), "{}", r.stderr);
+}
+
+#[test]
+fn user_docs_describe_the_product_only() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    files.extend(std::fs::read_dir(root.join("docs")).unwrap().map(|e| e.unwrap().path()));
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap().to_lowercase();
+        for phrase in ["the issue", "closing note", "sitting", "issue #"] {
+            assert!(!text.contains(phrase), "{} speaks of `{phrase}`", f.display());
+        }
+    }
+}
