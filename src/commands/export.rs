@@ -6,6 +6,7 @@
 
 use super::open_backend;
 use crate::cli::{ExportArgs, ExportFormat, GpuOptions};
+use crate::config::write::EntryLines;
 use crate::mps::settings::{limit_arg, MpsSettings};
 use crate::observed::GpuState;
 use anyhow::Context;
@@ -97,30 +98,18 @@ fn yaml(label: &str, entries: &[Entry]) -> String {
         for p in &e.placements {
             out.push_str(&format!("    # gpupart placements {p}\n"));
         }
-        let mut first = true;
-        let mut line = |s: String| {
-            out.push_str(if first { "    - " } else { "      " });
-            out.push_str(&s);
-            out.push('\n');
-            first = false;
+        let devices = match &e.devices {
+            None => "all".into(),
+            Some(d) => format!("[{}]", d.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
         };
-        if let Some(f) = e.filter {
-            line(format!("device-filter: \"0x{f:08X}\""));
-        }
-        line(match &e.devices {
-            None => "devices: all".into(),
-            Some(d) => format!("devices: [{}]", d.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
-        });
-        line(format!("mig-enabled: {}", e.mig_enabled));
         // As mig-parted exports it: an empty mapping for disabled GPUs too.
-        if e.mig_devices.is_empty() {
-            line("mig-devices: {}".into());
-        } else {
-            line("mig-devices:".into());
-            for (name, n) in &e.mig_devices {
-                out.push_str(&format!("        \"{name}\": {n}\n"));
-            }
-        }
+        let lines = EntryLines {
+            filter: e.filter.map(|f| format!("\"0x{f:08X}\"")),
+            devices,
+            mig_enabled: e.mig_enabled,
+            mig_devices: Some(&e.mig_devices),
+        };
+        crate::config::write::entry(&mut out, &lines);
         if let Some(m) = &e.mps {
             out.push_str("      mps:\n");
             for (key, value) in mps_fields(m) {

@@ -114,29 +114,14 @@ pub fn yaml(g: &Generated) -> String {
     for (name, entries) in g {
         out.push_str(&format!("  {name}:\n"));
         for e in entries {
-            let mut first = true;
-            let mut line = |s: String| {
-                out.push_str(if first { "    - " } else { "      " });
-                out.push_str(&s);
-                out.push('\n');
-                first = false;
+            let ids: Vec<String> = e.filter.iter().map(|f| format!("\"{f}\"")).collect();
+            let lines = super::write::EntryLines {
+                filter: (!ids.is_empty()).then(|| format!("[{}]", ids.join(", "))),
+                devices: "all".into(),
+                mig_enabled: e.mig_enabled,
+                mig_devices: e.devices.as_ref(),
             };
-            if !e.filter.is_empty() {
-                let ids: Vec<String> = e.filter.iter().map(|f| format!("\"{f}\"")).collect();
-                line(format!("device-filter: [{}]", ids.join(", ")));
-            }
-            line("devices: all".into());
-            line(format!("mig-enabled: {}", e.mig_enabled));
-            match &e.devices {
-                None => {}
-                Some(d) if d.is_empty() => line("mig-devices: {}".into()),
-                Some(d) => {
-                    line("mig-devices:".into());
-                    for (p, n) in d {
-                        out.push_str(&format!("        \"{p}\": {n}\n"));
-                    }
-                }
-            }
+            super::write::entry(&mut out, &lines);
         }
     }
     out

@@ -3,6 +3,7 @@
 
 pub mod generate;
 mod parse;
+pub mod write;
 pub mod yaml;
 pub(crate) use parse::parse_mem_limit;
 mod select;
