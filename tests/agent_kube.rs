@@ -205,6 +205,9 @@ fn label_changes_reconfigure_and_report(b: Backend) {
     wait_event(&api, "ReconfigureStarted", "all-balanced");
     wait_event(&api, "Reconfigured", "created 8 GPU instances");
     assert_eq!(api.get_label(LAYOUT).as_deref(), Some("all-balanced"), "the layout label is only read");
+    // A node driven by simulated GPUs says so; one driven through NVML does not.
+    let simulated = api.get_label("gpupart.io/simulated");
+    assert_eq!(simulated.as_deref(), (b == Backend::Sim).then_some("true"), "{simulated:?}");
 
     // A second change keeps what it can: the 3g.40gb and a 2g.20gb per GPU survive.
     let uuids = |n: &Node| -> Vec<String> {

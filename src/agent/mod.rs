@@ -155,6 +155,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
                     instance,
                     a.annotation_prefix.clone(),
                     a.annotation_min_interval,
+                    raw_simulated,
                 );
                 reporters.push(Box::new(kube_reporter.clone()));
                 summaries = Some(kube_reporter);

@@ -75,8 +75,16 @@ fn truncate(s: &str, max: usize) -> String {
 
 impl KubeReporter {
     /// Starts the publisher for `node`; summary keys get `prefix` (e.g. `gpupart.io/`) and are
-    /// rewritten at most once per `min_interval`.
-    pub fn spawn(client: Client, node: String, instance: String, prefix: String, min_interval: Duration) -> Self {
+    /// rewritten at most once per `min_interval`; with `simulated` (the simulator's GPUs) the node
+    /// carries `gpupart.io/simulated=true`.
+    pub fn spawn(
+        client: Client,
+        node: String,
+        instance: String,
+        prefix: String,
+        min_interval: Duration,
+        simulated: bool,
+    ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Update>();
         tokio::spawn(async move {
             let api: Api<Node> = Api::all(client.clone());
@@ -88,7 +96,7 @@ impl KubeReporter {
                 ..Default::default()
             };
             let mut last: Option<Key> = None;
-            let mut owned = Owned::default();
+            let mut owned = Owned { simulated, ..Owned::default() };
             // A restarted agent that finds its own state on the node does not write it again.
             let mut on_node = published(&api, &node).await;
             if let Some(st) = on_node.as_ref().and_then(published_status) {
@@ -198,6 +206,8 @@ impl Events {
 struct Owned {
     state: Option<AgentStatus>,
     summary: Option<Summary>,
+    /// The GPUs are the simulator's: `gpupart.io/simulated=true` on every write.
+    simulated: bool,
 }
 
 /// Applies everything owned; the first apply is skipped when the node already shows all of it
@@ -207,11 +217,11 @@ async fn apply(api: &Api<Node>, node: &str, owned: &Owned, prefix: &str, on_node
     let mut annotations = serde_json::Map::new();
     if let Some(status) = &owned.state {
         labels.insert(STATE_LABEL.into(), json!(status.state.as_str()));
-        if status.simulated {
-            labels.insert(SIMULATED.into(), json!("true"));
-        }
         annotations.insert(STATE_REASON.into(), json!(truncate(&status.reason, 4000)));
         annotations.insert(STATE_LAYOUT.into(), json!(status.layout.clone().unwrap_or_default()));
+    }
+    if owned.simulated {
+        labels.insert(SIMULATED.into(), json!("true"));
     }
     if let Some(s) = &owned.summary {
         for (k, v) in &s.labels {
