@@ -176,9 +176,11 @@ fn a_tensor_parallel_pod_gets_an_idle_node_dedicated_which_returns_after_the_rec
 #[test]
 fn a_leader_killed_mid_decision_leaves_no_node_half_changed_and_its_replacement_finishes() {
     let rig = busy_cluster();
-    let c1 = rig.controller("c1", &[]);
+    // No resync to fall back on: the successor must decide as soon as it leads.
+    let slow = ["--resync-interval", "1h"];
+    let c1 = rig.controller("c1", &slow);
     rig.wait("c1 leads", 30, |r| r.log("c1").contains("became the leader"));
-    let _c2 = rig.controller("c2", &[]);
+    let _c2 = rig.controller("c2", &slow);
     rig.wait("c2 stands by", 30, |r| r.log("c2").contains("standing by"));
     let before = rig.layouts();
     rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
@@ -190,13 +192,17 @@ fn a_leader_killed_mid_decision_leaves_no_node_half_changed_and_its_replacement_
     let mut c1 = c1;
     let _ = c1.0.kill();
     let _ = c1.0.wait();
+    let died = std::time::Instant::now();
     // The standby decided nothing while c1 led: one replica acts.
     assert!(!rig.log("c2").contains("batch decided"), "{}", rig.log("c2"));
     assert!(rig.log("c1").contains("batch decided"));
     let asked: Vec<Option<String>> =
         ["gpu-a", "gpu-b", "gpu-c"].iter().map(|n| rig.api.node_label(n, LAYOUT)).collect();
     assert!(asked.iter().all(|l| l.as_deref() == Some("all-3g.40gb")), "killed after the node patch: {asked:?}");
-    rig.wait("c2 takes over and serves the pod", 60, |r| r.pod("serving", "small-0").0 == "Running");
+    rig.wait("c2 takes over and decides", 30, |r| r.log("c2").contains("batch decided"));
+    let first_decision = died.elapsed();
+    println!("leader killed → successor's first decision: {} ms (lease 2 s)", first_decision.as_millis());
+    rig.wait("c2 serves the pod", 60, |r| r.pod("serving", "small-0").0 == "Running");
     assert!(rig.log("c2").contains("became the leader"));
     let config = rig.layouts();
     for n in ["gpu-a", "gpu-b", "gpu-c"] {
@@ -217,7 +223,8 @@ fn the_off_switch_pauses_the_controller() {
         cm["metadata"]["annotations"] = serde_json::json!({"gpupart.io/controller": "off"});
         s.put(key, cm);
     });
-    let _c = rig.controller("c1", &[]);
+    // No resync to fall back on: switching back on must be noticed from the watch.
+    let _c = rig.controller("c1", &["--resync-interval", "1h"]);
     rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
     rig.wait("c1 notices the switch", 30, |r| r.log("c1").contains("off switch"));
     std::thread::sleep(std::time::Duration::from_secs(1));
@@ -231,7 +238,9 @@ fn the_off_switch_pauses_the_controller() {
         cm["metadata"]["annotations"] = serde_json::json!({});
         s.put(key, cm);
     });
+    let on = std::time::Instant::now();
     rig.wait("the pod is served once switched on", 60, |r| r.pod("serving", "small-0").0 == "Running");
+    println!("switched on → pod running: {} ms", on.elapsed().as_millis());
 }
 
 #[test]

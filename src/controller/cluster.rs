@@ -70,9 +70,11 @@ pub struct Cluster {
     identity: String,
 }
 
-/// Watches `api` into a store; `changed` hears of every event `relevant` keeps.
+/// Watches `api` (narrowed by `config`) into a store; `changed` hears of every event
+/// `relevant` keeps.
 fn spawn_watch<K>(
     api: Api<K>,
+    config: watcher::Config,
     what: &'static str,
     changed: mpsc::Sender<()>,
     relevant: impl Fn(&K) -> bool + Send + 'static,
@@ -82,13 +84,19 @@ where
 {
     let (reader, writer) = reflector::store();
     tokio::spawn(async move {
-        let mut stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default())).boxed();
+        let mut stream = reflector::reflector(writer, watcher::watcher(api, config)).boxed();
         let mut outage = Outage::new(what);
         while let Some(ev) = stream.next().await {
             let fire = match ev {
                 Ok(WatchEvent::Apply(o) | WatchEvent::Delete(o)) => {
                     outage.ok();
                     relevant(&o)
+                }
+                // The first list fires once, when done; each object still passes `relevant`,
+                // which may remember it.
+                Ok(WatchEvent::InitApply(o)) => {
+                    relevant(&o);
+                    false
                 }
                 Ok(WatchEvent::InitDone) => {
                     outage.ok();
@@ -117,9 +125,24 @@ impl Cluster {
         changed: mpsc::Sender<()>,
         mps_resource: String,
     ) -> Self {
-        let nodes = spawn_watch(Api::<Node>::all(client.clone()), "watching the nodes", changed.clone(), |_| true);
+        let all = watcher::Config::default;
+        let nodes =
+            spawn_watch(Api::<Node>::all(client.clone()), all(), "watching the nodes", changed.clone(), |_| true);
         let gpu_pod = move |p: &Pod| !matches!(pods::read(p, &mps_resource), Ok(None));
-        let pods = spawn_watch(Api::<Pod>::all(client.clone()), "watching the pods", changed, gpu_pod);
+        let pods = spawn_watch(Api::<Pod>::all(client.clone()), all(), "watching the pods", changed.clone(), gpu_pod);
+        // The off switch on the layouts ConfigMap takes effect at once, on and off (its other
+        // changes, the controller's own layout writes among them, start no batch).
+        let switch = std::sync::Mutex::new(None::<Option<String>>);
+        let switched = move |cm: &ConfigMap| {
+            let now = cm.metadata.annotations.as_ref().and_then(|a| a.get(SWITCH)).cloned();
+            let mut last = switch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let fire = last.as_ref().is_some_and(|l| *l != now);
+            *last = Some(now);
+            fire
+        };
+        let by_name = all().fields(&format!("metadata.name={}", layouts.name));
+        let cms = Api::<ConfigMap>::namespaced(client.clone(), &layouts.namespace);
+        let _switch: Store<ConfigMap> = spawn_watch(cms, by_name, "watching the layouts ConfigMap", changed, switched);
         Self { client, nodes, pods, layouts, identity }
     }
 

@@ -152,6 +152,18 @@ fn seconds(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
 /// for GPUs in a way the controller does not serve (several GPU resources, a compute-instance
 /// profile, a bad quantity).
 pub fn read(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> {
+    // Only a pod waiting for a node is ever judged: a bound or running pod the controller cannot
+    // read is none of its business (and gets no NotServed Event, nor counts as unserved).
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
+    match read_any(pod, mps_resource) {
+        Err(_) if bound || phase != "Pending" => Ok(None),
+        r => r,
+    }
+}
+
+/// [`read`] for a pod in any phase.
+fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let name = pod.metadata.name.clone().unwrap_or_default();
     let key = format!("{namespace}/{name}");
@@ -274,6 +286,15 @@ mod tests {
         assert!(read(&frac, "gpupart.io/mps").unwrap_err().reason.contains("'500m', not a whole number"));
         let cpu = pending(serde_json::json!({"limits": {"cpu": "2"}}));
         assert_eq!(read(&cpu, "gpupart.io/mps").unwrap(), None);
+    }
+
+    #[test]
+    fn a_running_pod_the_controller_cannot_serve_is_never_judged() {
+        let mut two = pending(serde_json::json!({"limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}}));
+        assert!(read(&two, "gpupart.io/mps").is_err(), "pending: told why");
+        two.spec.as_mut().unwrap().node_name = Some("gpu-a".into());
+        two.status.as_mut().unwrap().phase = Some("Running".into());
+        assert_eq!(read(&two, "gpupart.io/mps").unwrap().map(|p| p.key), None, "running: not judged");
     }
 
     #[test]

@@ -119,9 +119,15 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         if was_leader != Some(leader) && !leader {
             tracing::info!(holder = elector.holder().unwrap_or("nobody"), "standing by: another replica leads");
         }
+        // A replica that just took the lead decides at once on what its caches hold, rather
+        // than at the next change or resync.
+        let took_lead = leader && was_leader != Some(true);
+        if took_lead {
+            tracing::info!("leading: deciding on the pods and nodes as listed");
+        }
         was_leader = Some(leader);
         metrics.standing(leader, memory.paused);
-        if batch && leader {
+        if (batch || took_lead) && leader {
             if let Err(e) = one_batch(&a, &cluster, &mut elector, &metrics, &opts, &mut memory).await {
                 tracing::warn!(error = %format!("{e:#}"), "the batch failed; retrying at the next change or resync");
             }
