@@ -57,6 +57,12 @@ fn pending_small_pods_get_partitions_with_the_fewest_changes_and_no_busy_instanc
                 && note.starts_with("needs 4g.40gb; no idle GPU can host it without evicting serving/llm-")
         })
     });
+    // Told once: batches that follow (every 300 ms here) do not repeat the Event while the kind
+    // of reason stays, even as the pods in the way change.
+    rig.wait("the 1g.10gb pods run", 60, |r| (0..3).all(|i| r.pod("serving", &format!("small-{i}")).0 == "Running"));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let told = rig.api.events().iter().filter(|(n, reason, _)| n == "big" && reason == "NotServed").count();
+    assert_eq!(told, 1, "one NotServed Event per kind of reason");
     rig.api.delete("pods", "serving", "big");
     rig.wait("the 1g.10gb pods run", 60, |r| (0..3).all(|i| r.pod("serving", &format!("small-{i}")).0 == "Running"));
     let after = instances(&rig);
@@ -286,4 +292,29 @@ fn opted_in_a_draining_node_is_reserved_for_a_tensor_parallel_pod_and_converted_
     rig.api.delete("pods", "serving", "llm-0");
     rig.wait("the TP pod runs", 60, |r| r.pod("training", "tp2").0 == "Running");
     assert!(rig.api.events().iter().any(|(n, r, _)| n == "gpu-a" && r == "Dedicating"));
+}
+
+#[test]
+fn a_node_patch_refused_because_the_node_changed_is_tried_again_at_once() {
+    let rig = busy_cluster();
+    // The node changes under the controller twice in a row (its agent writing, say).
+    rig.api.change(|s| {
+        for _ in 0..2 {
+            s.conflicts.push(("gpupart-controller".into(), "/api/v1/nodes/".into()));
+        }
+    });
+    let _c = rig.controller("c1", &["--resync-interval", "1h"]);
+    rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
+    rig.wait("the pod runs", 60, |r| r.pod("serving", "small-0").0 == "Running");
+    let log = rig.log("c1");
+    assert!(!log.contains("the node patch was refused"), "{log}");
+    assert!(log.contains("repartitioning node"), "the change is logged once made: {log}");
+    let patches = rig
+        .api
+        .requests_by("controller")
+        .iter()
+        .filter(|(m, p)| m == "PATCH" && p.starts_with("/api/v1/nodes/"))
+        .count();
+    assert_eq!(patches, 3, "two conflicts, then the patch that landed");
+    assert!(rig.api.change(|s| s.conflicts.is_empty()));
 }

@@ -548,16 +548,19 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     }
     let reconfiguring = busy_nodes + out.decisions.iter().filter(|d| d.kind != Kind::Reserve).count();
     for p in unmet {
-        let reason = match reserved_for.get(&p.key) {
-            Some(&i) => format!(
-                "needs {}; node {} is reserved for it and converts once its {} pod(s) end",
-                what(p),
-                cands[i].node.name,
-                cands[i].ledger.pods.len()
+        let (kind, reason) = match reserved_for.get(&p.key) {
+            Some(&i) => (
+                "reserved",
+                format!(
+                    "needs {}; node {} is reserved for it and converts once its {} pod(s) end",
+                    what(p),
+                    cands[i].node.name,
+                    cands[i].ledger.pods.len()
+                ),
             ),
             None => why_not(p, &cands, &changeable, &taken, reconfiguring, opts),
         };
-        out.not_served.push(NotServed { key: p.key.clone(), reason });
+        out.not_served.push(NotServed { key: p.key.clone(), reason, kind });
     }
     out
 }
@@ -642,7 +645,8 @@ fn what(p: &GpuPod) -> String {
     }
 }
 
-/// Why a waiting pod is not served this batch.
+/// Why a waiting pod is not served this batch: the kind of reason (stable from batch to batch
+/// while nothing but the details change) and the sentence.
 fn why_not(
     p: &GpuPod,
     cands: &[Candidate],
@@ -650,23 +654,39 @@ fn why_not(
     taken: &BTreeSet<usize>,
     reconfiguring: usize,
     opts: &Options,
-) -> String {
+) -> (&'static str, String) {
     let need = what(p);
     if let Resource::Mig(m) = &p.resource {
         let models: Vec<&Model> = cands.iter().map(|c| c.model).collect();
         if !models.iter().any(|md| md.profile_table().profiles.iter().any(|x| &x.name == m)) {
-            return format!("needs {need}; no GPU model in the cluster has that MIG profile");
+            return ("no-profile", format!("needs {need}; no GPU model in the cluster has that MIG profile"));
+        }
+        // A pod's devices come from one node: the most instances of the profile any node holds.
+        let per_node = |c: &Candidate| -> u32 {
+            let per_gpu =
+                c.model.profile_table().profiles.iter().find(|x| &x.name == m).map_or(0, |x| x.instance_count);
+            per_gpu * c.gpus.len() as u32
+        };
+        let most = cands.iter().map(per_node).max().unwrap_or(0);
+        if p.count > most {
+            return (
+                "too-large",
+                format!("needs {need}; no node can hold {} instances of {m} (at most {most} on one node)", p.count),
+            );
         }
     }
     let largest = cands.iter().map(|c| c.gpus.len()).max().unwrap_or(0) as u32;
     if p.resource == Resource::Gpu && p.count > largest {
-        return format!("needs {need}; no node has {} GPUs (the largest has {largest})", p.count);
+        return ("too-large", format!("needs {need}; no node has {} GPUs (the largest has {largest})", p.count));
     }
     let free_nodes = changeable.iter().filter(|i| !taken.contains(i)).count();
     if reconfiguring >= opts.max_concurrent_nodes && free_nodes > 0 {
-        return format!(
-            "needs {need}; waits for a reconfiguration slot ({reconfiguring} node(s) reconfiguring, --max-concurrent-nodes {})",
-            opts.max_concurrent_nodes
+        return (
+            "waiting-for-slot",
+            format!(
+                "needs {need}; waits for a reconfiguration slot ({reconfiguring} node(s) reconfiguring, --max-concurrent-nodes {})",
+                opts.max_concurrent_nodes
+            ),
         );
     }
     // Name the pods in the way on the nodes that could otherwise host it.
@@ -682,11 +702,12 @@ fn why_not(
         (false, _) => {
             let shown: Vec<&str> = in_way.iter().take(3).map(String::as_str).collect();
             let more = if in_way.len() > 3 { format!(" and {} more", in_way.len() - 3) } else { String::new() };
-            format!("needs {need}; {pool} can host it without evicting {}{more}", shown.join(", "))
+            ("pods-in-the-way", format!("needs {need}; {pool} can host it without evicting {}{more}", shown.join(", ")))
         }
-        (true, 0) => format!("needs {need}; {pool} can host it"),
-        (true, n) => {
-            format!("needs {need}; {pool} can host it now ({n} node(s) reconfiguring, failed or cooling down)")
-        }
+        (true, 0) => ("no-room", format!("needs {need}; {pool} can host it")),
+        (true, n) => (
+            "nodes-busy",
+            format!("needs {need}; {pool} can host it now ({n} node(s) reconfiguring, failed or cooling down)"),
+        ),
     }
 }

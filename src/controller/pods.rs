@@ -102,6 +102,8 @@ pub struct NotServed {
     pub key: String,
     /// Why.
     pub reason: String,
+    /// The kind of reason (stable while the reason's details drift): one Event per new kind.
+    pub kind: &'static str,
 }
 
 /// Whole-number value of a Kubernetes quantity as device plugins count (`"2"`); fractions,
@@ -167,7 +169,7 @@ fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> 
     let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let name = pod.metadata.name.clone().unwrap_or_default();
     let key = format!("{namespace}/{name}");
-    let not_served = |reason: String| NotServed { key: key.clone(), reason };
+    let not_served = |reason: String| NotServed { key: key.clone(), reason, kind: "unservable" };
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     if matches!(phase, "Succeeded" | "Failed") || pod.metadata.deletion_timestamp.is_some() {
         return Ok(None);

@@ -46,8 +46,8 @@ struct Memory {
     idle_since: BTreeMap<String, i64>,
     /// Per node changed: the layout requested and since when its pods waited.
     inflight: BTreeMap<String, (Option<String>, Vec<i64>)>,
-    /// Last reason told to each waiting pod (one Event per new reason).
-    told: BTreeMap<String, String>,
+    /// The kind of reason last told to each waiting pod (one Event per new kind of reason).
+    told: BTreeMap<String, &'static str>,
     /// Whether the last batch found the controller paused.
     paused: bool,
 }
@@ -239,10 +239,11 @@ async fn one_batch(
     let mut still: BTreeSet<String> = BTreeSet::new();
     for n in outcome.not_served.iter().chain(&refused) {
         still.insert(n.key.clone());
-        if memory.told.get(&n.key) == Some(&n.reason) {
+        if memory.told.get(&n.key) == Some(&n.kind) {
+            tracing::debug!(pod = %n.key, reason = %n.reason, "still not served");
             continue;
         }
-        memory.told.insert(n.key.clone(), n.reason.clone());
+        memory.told.insert(n.key.clone(), n.kind);
         tracing::info!(pod = %n.key, reason = %n.reason, "not served");
         let (ns, name) = n.key.split_once('/').unwrap_or(("default", &n.key));
         let uid = by_key.get(n.key.as_str()).map_or("", |p| p.uid.as_str());
@@ -334,6 +335,13 @@ async fn carry_out(
         let (reason, words) = verb(&d.kind, a.dry_run);
         let shown = layout.name().unwrap_or("none").to_string();
         let note = format!("{words} node {}: {} (layout {shown})", d.node, d.change);
+        if !a.dry_run {
+            if let Err(e) = patch_node(cluster, node, d, layout.name(), now).await {
+                tracing::warn!(node = %d.node, error = %format!("{e:#}"), "not done, the node patch was refused ({note}); the next batch decides again");
+                continue;
+            }
+        }
+        // Logged once it is done (or, in a dry run, decided).
         tracing::info!(
             node = %d.node,
             kind = d.kind.as_str(),
@@ -346,10 +354,6 @@ async fn carry_out(
             "{note}"
         );
         if !a.dry_run {
-            if let Err(e) = patch_node(cluster, node, d, layout.name(), now).await {
-                tracing::warn!(node = %d.node, error = %format!("{e:#}"), "the change was not made; the next batch decides again");
-                continue;
-            }
             let since: Vec<i64> = d
                 .pods
                 .iter()
@@ -375,8 +379,9 @@ async fn carry_out(
     }
 }
 
-/// Patches the node with the decision; when the patch is refused because the node changed since
-/// it was read, and only the agent's status changed, once more on the fresh node.
+/// Patches the node with the decision. A patch refused because the node changed since it was
+/// read (409) is tried again on the fresh node while the decision still holds there (only the
+/// agent's status or summary timing changed), a few times, since the agent may write again.
 async fn patch_node(
     cluster: &Cluster,
     node: &GpuNode,
@@ -384,21 +389,32 @@ async fn patch_node(
     layout: Option<&str>,
     now: i64,
 ) -> anyhow::Result<()> {
-    let patch = super::patch::node_patch(node, d, layout, now);
-    match cluster.patch_node(&node.name, &patch).await {
-        Err(WriteError::Conflict(what)) => {
-            let fresh = cluster.get_node(&node.name).await.with_context(|| format!("re-reading node {}", node.name))?;
-            match GpuNode::read(&fresh) {
-                Ok(Some(f)) if super::patch::still_holds(node, &f) => {
-                    cluster.patch_node(&node.name, &super::patch::node_patch(&f, d, layout, now)).await?;
-                    Ok(())
+    let mut current = node.clone();
+    for attempt in 1..=PATCH_ATTEMPTS {
+        let patch = super::patch::node_patch(&current, d, layout, now);
+        match cluster.patch_node(&node.name, &patch).await {
+            Err(WriteError::Conflict(what)) => {
+                let fresh =
+                    cluster.get_node(&node.name).await.with_context(|| format!("re-reading node {}", node.name))?;
+                match GpuNode::read(&fresh) {
+                    Ok(Some(f)) if super::patch::still_holds(node, &f) && attempt < PATCH_ATTEMPTS => {
+                        tracing::debug!(node = %node.name, attempt, "the node changed meanwhile, the decision still holds: patching again");
+                        current = f;
+                    }
+                    Ok(Some(_)) if attempt < PATCH_ATTEMPTS => {
+                        anyhow::bail!("{what}: the node's layout, pool or GPUs changed since the decision")
+                    }
+                    _ => return Err(WriteError::Conflict(what).into()),
                 }
-                _ => Err(WriteError::Conflict(what).into()),
             }
+            r => return Ok(r?),
         }
-        r => Ok(r?),
     }
+    anyhow::bail!("node {} kept changing: {PATCH_ATTEMPTS} patches refused", node.name)
 }
+
+/// Tries of one node patch that conflicts while the decision still holds.
+const PATCH_ATTEMPTS: u32 = 3;
 
 fn node_uid(cluster: &Cluster, name: &str) -> Option<String> {
     cluster.nodes().iter().find(|n| n.metadata.name.as_deref() == Some(name)).and_then(|n| n.metadata.uid.clone())

@@ -110,6 +110,22 @@ fn a_pod_that_no_layout_serves_says_why_naming_the_pods_in_the_way() {
 }
 
 #[test]
+fn a_pod_asking_more_instances_than_any_node_holds_gets_the_real_reason_stably() {
+    // Two nodes of two A100s, one 3g.40gb busy on each: 7g.80gb is one per GPU, two per node.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*", ""]), node("gpu-b", &["3g.40gb@0*", ""])];
+    let pods = vec![pod("base", mig("7g.80gb"), 3, 5)];
+    let first = run(&nodes, &pods, &Options::default());
+    assert!(first.decisions.is_empty());
+    let n = &first.not_served[0];
+    assert_eq!(n.reason, "needs 3 × 7g.80gb; no node can hold 3 instances of 7g.80gb (at most 2 on one node)");
+    assert_eq!(n.kind, "too-large");
+    // The reason does not depend on what else runs: a busier cluster says the same.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*", "3g.40gb@4*"]), node("gpu-b", &["3g.40gb@0*", ""])];
+    let again = run(&nodes, &pods, &Options::default());
+    assert_eq!((again.not_served[0].kind, &again.not_served[0].reason), (n.kind, &n.reason));
+}
+
+#[test]
 fn at_most_max_concurrent_nodes_change_and_unsettled_nodes_are_left_alone() {
     let mut nodes: Vec<GpuNode> = (0..4).map(|i| node(&format!("gpu-{i}"), &["3g.40gb@0,3g.40gb@4"])).collect();
     nodes[0].labels.insert(STATE_LABEL.into(), "pending".into());

@@ -57,6 +57,9 @@ pub struct Store {
     pub managed: HashMap<(Key, String), (BTreeSet<String>, BTreeSet<String>)>,
     /// Answer the next requests that match (method, path prefix) with this status code.
     pub fail: Vec<(String, String, u16)>,
+    /// Answer the next PATCHes by (field manager, path prefix) with 409 Conflict, as the API server
+    /// does when the object changed since the writer read it.
+    pub conflicts: Vec<(String, String)>,
 }
 
 impl Store {
@@ -212,6 +215,16 @@ async fn handle(
         if let Some(i) = s.fail.iter().position(|(m, p, _)| *m == method.as_str() && path.starts_with(p.as_str())) {
             let (_, _, code) = s.fail.remove(i);
             return status(code, "InternalError", "injected failure");
+        }
+        if method == Method::PATCH {
+            let hit = s
+                .conflicts
+                .iter()
+                .position(|(m, p)| manager.as_deref() == Some(m.as_str()) && path.starts_with(p.as_str()));
+            if let Some(i) = hit {
+                s.conflicts.remove(i);
+                return status(409, "Conflict", "Operation cannot be fulfilled: the object has been modified");
+            }
         }
     }
     let Some(t) = route(&path) else {
