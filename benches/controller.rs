@@ -174,6 +174,7 @@ impl Sim {
                 gpus: Vec::new(),
                 resource_version: Some("1".into()),
                 cordoned: false,
+                room: Default::default(),
             };
             if dedicated {
                 meta.labels.insert(POOL_LABEL.into(), "dedicated".into());
@@ -314,6 +315,8 @@ impl Sim {
                 count: p.count,
                 standing,
                 dedicated: p.tp,
+                constraints: Default::default(),
+                scheduler_message: None,
                 created: Some(i64::from(p.arrive) * 60),
             });
         }

@@ -318,3 +318,66 @@ fn a_node_patch_refused_because_the_node_changed_is_tried_again_at_once() {
     assert_eq!(patches, 3, "two conflicts, then the patch that landed");
     assert!(rig.api.change(|s| s.conflicts.is_empty()));
 }
+
+#[test]
+fn pods_blocked_by_something_else_than_gpus_change_no_node_and_are_told_why() {
+    let rig = busy_cluster();
+    // 32 CPUs on every node; nothing else runs there.
+    rig.api.change(|s| {
+        for n in ["gpu-a", "gpu-b", "gpu-c"] {
+            let key = ("nodes".to_string(), String::new(), n.to_string());
+            let mut node = s.objects.get(&key).cloned().unwrap();
+            node["status"]["allocatable"] = serde_json::json!({"cpu": "32", "memory": "256Gi"});
+            s.put(key, node);
+        }
+    });
+    let before = instances(&rig);
+    let _c = rig.controller("c1", &[]);
+    let mut selector = gpu_pod("serving", "s6-selector", "nvidia.com/mig-1g.10gb", 1, false);
+    selector["spec"]["nodeSelector"] = serde_json::json!({"disk": "ssd"});
+    let mut cpu = gpu_pod("serving", "s6-cpu", "nvidia.com/mig-1g.10gb", 1, false);
+    cpu["spec"]["containers"][0]["resources"]["requests"] = serde_json::json!({"cpu": "64"});
+    rig.api.put("pods", selector);
+    rig.api.put("pods", cpu);
+    for name in ["s6-selector", "s6-cpu"] {
+        rig.wait("the pod is told why", 30, |r| {
+            r.api.events().iter().any(|(n, reason, note)| {
+                n == name && reason == "NotServed" && note.contains("cannot land on any GPU node for other reasons")
+            })
+        });
+    }
+    let told = |name: &str| rig.api.events().into_iter().find(|(n, r, _)| n == name && r == "NotServed").unwrap().2;
+    assert!(
+        told("s6-selector").contains("gpu-a: didn't match Pod's node affinity/selector"),
+        "{}",
+        told("s6-selector")
+    );
+    assert!(told("s6-cpu").contains("gpu-a: Insufficient cpu"), "{}", told("s6-cpu"));
+    assert!(
+        told("s6-cpu").contains("(the scheduler: 0/3 nodes are available: 3 Insufficient cpu.)"),
+        "{}",
+        told("s6-cpu")
+    );
+    // A servable pod beside them is served as usual; nothing is changed for the blocked two.
+    rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
+    rig.wait("small-0 runs", 60, |r| r.pod("serving", "small-0").0 == "Running");
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let for_blocked = rig
+        .api
+        .events()
+        .iter()
+        .filter(|(obj, r, n)| r == "Repartitioning" && (n.contains("s6-") || obj.starts_with("s6-")))
+        .count();
+    assert_eq!(for_blocked, 0, "changes made for pods that can never bind");
+    let destroyed = before
+        .iter()
+        .filter(|x| {
+            !instances(&rig)
+                .iter()
+                .any(|y| y.0 == x.0 && y.1 == x.1 && y.2.trim_end_matches('*') == x.2.trim_end_matches('*'))
+        })
+        .count();
+    assert_eq!(destroyed, 1, "only the change for small-0");
+    assert_eq!(rig.pod("serving", "s6-cpu").0, "Pending");
+    assert_eq!(rig.pod("serving", "s6-selector").0, "Pending");
+}

@@ -62,6 +62,8 @@ fn pod(i: usize, resource: Resource, count: u32) -> GpuPod {
         count,
         standing: Standing::Unschedulable { since: Some(i as i64) },
         dedicated: false,
+        constraints: Default::default(),
+        scheduler_message: None,
         created: Some(i as i64),
     }
 }

@@ -224,6 +224,8 @@ mod tests {
             count: 1,
             standing: Standing::Bound { node: "n".into() },
             dedicated: false,
+            constraints: Default::default(),
+            scheduler_message: None,
             created: None,
         };
         let model = crate::mig::catalog::lookup("A100-SXM4-80GB").unwrap();

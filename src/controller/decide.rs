@@ -424,12 +424,15 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     let mut cache: BTreeMap<String, Vec<GpuOption>> = BTreeMap::new();
     while budget > 0 && !unmet.is_empty() {
         let shared: Vec<&GpuPod> = unmet.iter().copied().filter(|p| !p.is_tensor_parallel()).collect();
-        let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
-        let waiting = Waiting::new(&shared);
         let mut best: Option<(Score, usize, Decision)> = None;
         for &i in changeable.iter().filter(|i| !taken.contains(i)) {
             let c = &cands[i];
-            if let Some(d) = dedicate(c, &unmet) {
+            // Only pods that could land here apart from their GPUs count for this node.
+            let here: Vec<&GpuPod> = unmet.iter().copied().filter(|p| lands(p, c.node)).collect();
+            let shared: Vec<&GpuPod> = shared.iter().copied().filter(|p| lands(p, c.node)).collect();
+            let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
+            let waiting = Waiting::new(&shared);
+            if let Some(d) = dedicate(c, &here) {
                 let s: Score = (d.pods.len(), -i64::from(d.destroyed), 0, 0);
                 if best.as_ref().is_none_or(|(b, _, _)| s > *b) {
                     best = Some((s, i, d));
@@ -645,6 +648,23 @@ fn what(p: &GpuPod) -> String {
     }
 }
 
+/// Whether `p` could land on `node` apart from its GPUs (the dedicated taint is judged apart).
+fn lands(p: &GpuPod, node: &GpuNode) -> bool {
+    blocked_on(p, node).is_none()
+}
+
+/// Why `p` could not land on `node` apart from its GPUs.
+fn blocked_on(p: &GpuPod, node: &GpuNode) -> Option<String> {
+    super::fit::blocked(
+        &p.constraints,
+        &node.name,
+        &node.labels,
+        &node.taints,
+        &node.room,
+        super::pods::DEDICATED_TAINT_KEY,
+    )
+}
+
 /// Why a waiting pod is not served this batch: the kind of reason (stable from batch to batch
 /// while nothing but the details change) and the sentence.
 fn why_not(
@@ -656,6 +676,19 @@ fn why_not(
     opts: &Options,
 ) -> (&'static str, String) {
     let need = what(p);
+    // Blocked everywhere by something other than GPUs: no change can help, say which.
+    let blocked: Vec<String> =
+        cands.iter().filter_map(|c| blocked_on(p, c.node).map(|why| format!("{}: {why}", c.node.name))).collect();
+    if !cands.is_empty() && blocked.len() == cands.len() {
+        let scheduler = p.scheduler_message.as_deref().map(|m| format!(" (the scheduler: {m})")).unwrap_or_default();
+        return (
+            "blocked",
+            format!(
+                "needs {need} but cannot land on any GPU node for other reasons: {}{scheduler}",
+                blocked.join("; ")
+            ),
+        );
+    }
     if let Resource::Mig(m) = &p.resource {
         let models: Vec<&Model> = cands.iter().map(|c| c.model).collect();
         if !models.iter().any(|md| md.profile_table().profiles.iter().any(|x| &x.name == m)) {

@@ -10,6 +10,7 @@
 pub mod capacity;
 pub mod cluster;
 pub mod decide;
+pub mod fit;
 pub mod gpu_options;
 pub mod layouts;
 pub mod lease;

@@ -47,6 +47,9 @@ pub struct GpuNode {
     pub resource_version: Option<String>,
     /// Marked unschedulable (`kubectl cordon`).
     pub cordoned: bool,
+    /// CPU and memory for pods: allocatable as reported, requested by the pods bound to it (the
+    /// caller adds those).
+    pub room: super::fit::NodeRoom,
 }
 
 impl GpuNode {
@@ -58,6 +61,9 @@ impl GpuNode {
         let Some(text) = annotations.get(GPUS_ANNOTATION) else { return Ok(None) };
         let gpus = from_annotation(&name, text).map_err(|e| e.to_string())?;
         let spec = node.spec.as_ref();
+        let allocatable = |r: &str| {
+            node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(r)).map(|q| q.0.clone())
+        };
         Ok(Some(GpuNode {
             name,
             labels: node.metadata.labels.clone().unwrap_or_default(),
@@ -66,6 +72,11 @@ impl GpuNode {
             gpus,
             resource_version: node.metadata.resource_version.clone(),
             cordoned: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            room: super::fit::NodeRoom {
+                cpu_millis: allocatable("cpu").and_then(|q| super::fit::cpu_millis(&q)),
+                memory_bytes: allocatable("memory").and_then(|q| super::fit::memory_bytes(&q)),
+                ..Default::default()
+            },
         }))
     }
 

@@ -53,7 +53,7 @@ pub enum Standing {
 }
 
 /// A pod with one kind of GPU resource.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuPod {
     /// `namespace/name`.
     pub key: String,
@@ -71,6 +71,10 @@ pub struct GpuPod {
     pub standing: Standing,
     /// Tolerates the dedicated pool's taint.
     pub dedicated: bool,
+    /// Where it may land apart from its GPUs (selector, affinity, tolerations, CPU, memory).
+    pub constraints: super::fit::Constraints,
+    /// The scheduler's last word on it (the PodScheduled condition's message), while unschedulable.
+    pub scheduler_message: Option<String>,
     /// Creation time (seconds since the epoch), if known.
     pub created: Option<i64>,
 }
@@ -230,6 +234,8 @@ fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> 
         count,
         standing,
         dedicated,
+        constraints: super::fit::constraints(pod),
+        scheduler_message: unschedulable.and_then(|c| c.message.clone()),
         created: pod.metadata.creation_timestamp.as_ref().map(seconds),
     }))
 }

@@ -40,6 +40,8 @@ fn pod(name: &str, resource: Resource, count: u32, age: i64) -> GpuPod {
         count,
         standing: Standing::Unschedulable { since: Some(age) },
         dedicated: false,
+        constraints: Default::default(),
+        scheduler_message: None,
         created: Some(age),
     }
 }
@@ -123,6 +125,34 @@ fn a_pod_asking_more_instances_than_any_node_holds_gets_the_real_reason_stably()
     let nodes = vec![node("gpu-a", &["3g.40gb@0*", "3g.40gb@4*"]), node("gpu-b", &["3g.40gb@0*", ""])];
     let again = run(&nodes, &pods, &Options::default());
     assert_eq!((again.not_served[0].kind, &again.not_served[0].reason), (n.kind, &n.reason));
+}
+
+#[test]
+fn only_nodes_a_pod_could_land_on_change_and_a_pod_blocked_elsewhere_changes_nothing() {
+    // gpu-a would be the cheaper change, but the pod selects gpu-b's label.
+    let mut a = node("gpu-a", &["3g.40gb@0,3g.40gb@4*"]);
+    let mut b = node("gpu-b", &["3g.40gb@0*,3g.40gb@4"]);
+    b.labels.insert("disk".into(), "ssd".into());
+    let mut p = pod("picky", mig("1g.10gb"), 1, 1);
+    p.constraints.node_selector.insert("disk".into(), "ssd".into());
+    let out = run(&[a.clone(), b.clone()], std::slice::from_ref(&p), &Options::default());
+    assert_eq!(out.decisions.len(), 1);
+    assert_eq!(out.decisions[0].node, "gpu-b");
+    // More CPU than any node has left: nothing changes, and the pod is told why.
+    a.room.cpu_millis = Some(32_000);
+    b.room.cpu_millis = Some(32_000);
+    b.room.cpu_requested = 30_000;
+    let mut hungry = pod("hungry", mig("1g.10gb"), 1, 1);
+    hungry.constraints.cpu_millis = 48_000;
+    hungry.scheduler_message = Some("0/2 nodes are available: 2 Insufficient cpu.".into());
+    let out = run(&[a, b], &[hungry], &Options::default());
+    assert!(out.decisions.is_empty(), "{:?}", out.decisions);
+    let n = &out.not_served[0];
+    assert_eq!(n.kind, "blocked");
+    assert_eq!(
+        n.reason,
+        "needs 1g.10gb but cannot land on any GPU node for other reasons: gpu-a: Insufficient cpu; gpu-b: Insufficient cpu (the scheduler: 0/2 nodes are available: 2 Insufficient cpu.)"
+    );
 }
 
 #[test]

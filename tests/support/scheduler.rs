@@ -145,14 +145,42 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
         }
         let Some((resource, count)) = request(pod) else { continue };
         let k = key(pod);
+        // As the scheduler's filters: node selector, CPU against allocatable less what the bound
+        // pods request, then the device plugin's free devices. Each refusal in its words.
+        let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
+        let mut refuse = |why: String| *refusals.entry(why).or_default() += 1;
         let fit = kube_nodes.iter().find_map(|n| {
             let name = n["metadata"]["name"].as_str()?.to_string();
             let state = n["metadata"]["labels"]["nvidia.com/mig.config.state"].as_str().unwrap_or("");
-            if matches!(state, "pending" | "rebooting") || (dedicated(n) && !tolerates_dedicated(pod)) {
+            // While the agent changes it, its device plugin offers nothing.
+            if matches!(state, "pending" | "rebooting") {
+                refuse(format!("Insufficient {resource}"));
                 return None;
             }
+            if dedicated(n) && !tolerates_dedicated(pod) {
+                refuse("node(s) had untolerated taint {gpu-dedicated: true}".into());
+                return None;
+            }
+            let selected = pod["spec"]["nodeSelector"]
+                .as_object()
+                .is_none_or(|sel| sel.iter().all(|(k, v)| n["metadata"]["labels"][k] == *v));
+            if !selected {
+                refuse("node(s) didn't match Pod's node affinity/selector".into());
+                return None;
+            }
+            if let Some(alloc) = n["status"]["allocatable"]["cpu"].as_str().and_then(cpu_millis) {
+                let used: u64 = pods.iter().filter(|p| p["spec"]["nodeName"] == name.as_str()).map(pod_cpu).sum();
+                if pod_cpu(pod) > alloc.saturating_sub(used) {
+                    refuse("Insufficient cpu".into());
+                    return None;
+                }
+            }
             let f = free(n, &name, &resource, &given);
-            (f.len() >= count as usize).then(|| (name, f[..count as usize].to_vec()))
+            if f.len() < count as usize {
+                refuse(format!("Insufficient {resource}"));
+                return None;
+            }
+            Some((name, f[..count as usize].to_vec()))
         });
         let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
         let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
@@ -177,7 +205,8 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
                     .as_array()
                     .is_some_and(|cs| cs.iter().any(|c| c["reason"] == "Unschedulable"));
                 if !marked {
-                    let message = format!("0/{} nodes are available: insufficient {resource}", kube_nodes.len());
+                    let why: Vec<String> = refusals.iter().map(|(w, n)| format!("{n} {w}")).collect();
+                    let message = format!("0/{} nodes are available: {}.", kube_nodes.len(), why.join(", "));
                     let patch = json!({"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                         "reason": "Unschedulable", "message": message, "lastTransitionTime": now_rfc3339()}]}});
                     api.change(|s| {
@@ -214,4 +243,15 @@ pub fn gpu_pod(ns: &str, name: &str, resource: &str, count: u32, dedicated: bool
             json!([{"key": "gpu-dedicated", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]);
     }
     p
+}
+
+/// A Kubernetes CPU quantity in millicores.
+fn cpu_millis(q: &str) -> Option<u64> {
+    gpupart::controller::fit::cpu_millis(q)
+}
+
+/// A pod's CPU request in millicores (its containers' sum).
+fn pod_cpu(pod: &Value) -> u64 {
+    let pod: Option<k8s_openapi::api::core::v1::Pod> = serde_json::from_value(pod.clone()).ok();
+    pod.map_or(0, |p| gpupart::controller::fit::requests(&p).0)
 }
