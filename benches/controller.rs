@@ -317,6 +317,7 @@ impl Sim {
                 dedicated: p.tp,
                 constraints: Default::default(),
                 scheduler_message: None,
+                priority: 0,
                 created: Some(i64::from(p.arrive) * 60),
             });
         }

@@ -64,6 +64,7 @@ fn pod(i: usize, resource: Resource, count: u32) -> GpuPod {
         dedicated: false,
         constraints: Default::default(),
         scheduler_message: None,
+        priority: 0,
         created: Some(i as i64),
     }
 }
@@ -86,13 +87,20 @@ fn offered_and_held(n: &GpuNode) -> (Counts, Counts) {
     (offered, held)
 }
 
-/// The most pods (by count) whose requests fit in `free`: every subset.
+/// How many pods (requests in the scheduler's order) `free` units serve as the scheduler serves
+/// them: each in turn, if it still fits.
 fn most_fitting(counts: &[u32], free: u32) -> usize {
-    (0u32..1 << counts.len())
-        .filter(|m| (0..counts.len()).filter(|i| m & (1 << i) != 0).map(|i| counts[i]).sum::<u32>() <= free)
-        .map(|m| m.count_ones() as usize)
-        .max()
-        .unwrap_or(0)
+    let mut left = free;
+    counts
+        .iter()
+        .filter(|&&c| {
+            let fits = c <= left;
+            if fits {
+                left -= c;
+            }
+            fits
+        })
+        .count()
 }
 
 type Score = (usize, i64, i64, i64);

@@ -162,22 +162,25 @@ pub fn ledger(
     (l, gpus)
 }
 
-/// Places the waiting pods (oldest first) on nodes with free units, as the scheduler would; the
-/// pods that fit nowhere are returned. `dedicated[i]` says node `i` is in the dedicated pool
-/// (only pods tolerating its taint go there); `usable[i]` false keeps pods off node `i`.
+/// Places the waiting pods on nodes with free units as the scheduler would, in its order (higher
+/// priority first, then older); the pods that fit nowhere are returned. `dedicated[i]` says node
+/// `i` is in the dedicated pool (only pods tolerating its taint go there); `usable[i]` false keeps
+/// pods off node `i`; `lands(p, i)` says whether `p` could land on node `i` apart from its GPUs.
 pub fn schedule<'p>(
     ledgers: &mut [NodeLedger],
     dedicated: &[bool],
     usable: &[bool],
     pods: &'p [GpuPod],
+    lands: impl Fn(&GpuPod, usize) -> bool,
 ) -> Vec<&'p GpuPod> {
     let mut waiting: Vec<&GpuPod> =
         pods.iter().filter(|p| matches!(p.standing, Standing::Waiting | Standing::Unschedulable { .. })).collect();
-    waiting.sort_by_key(|p| (p.created, p.key.clone()));
+    waiting.sort_by_key(|p| p.queue_order());
     let mut left = Vec::new();
     for p in waiting {
-        let fit = (0..ledgers.len())
-            .find(|&i| usable[i] && (!dedicated[i] || p.dedicated) && ledgers[i].free(&p.resource) >= p.count);
+        let fit = (0..ledgers.len()).find(|&i| {
+            usable[i] && (!dedicated[i] || p.dedicated) && ledgers[i].free(&p.resource) >= p.count && lands(p, i)
+        });
         match fit {
             Some(i) => *ledgers[i].assigned.entry(p.resource.clone()).or_default() += p.count,
             None => left.push(p),
@@ -186,18 +189,18 @@ pub fn schedule<'p>(
     left
 }
 
-/// The most pods of `counts` (units each) that fit in `free` units: the smallest first.
-pub fn pods_fitting(counts: &[u32], free: u32) -> usize {
-    let mut sorted = counts.to_vec();
-    sorted.sort_unstable();
-    let mut used = 0;
-    sorted
-        .iter()
-        .take_while(|&&c| {
-            used += c;
-            used <= free
-        })
-        .count()
+/// The pods of `counts` (units each, in the scheduler's order) that `free` units serve as the
+/// scheduler serves them: each in turn if it still fits, skipped otherwise. Their positions.
+pub fn served_in_order(counts: &[u32], free: u32) -> Vec<usize> {
+    let mut left = free;
+    let mut out = Vec::new();
+    for (i, &c) in counts.iter().enumerate() {
+        if c <= left {
+            left -= c;
+            out.push(i);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -205,10 +208,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_most_pods_fit_smallest_first() {
-        assert_eq!(pods_fitting(&[3, 1, 1, 2], 4), 3);
-        assert_eq!(pods_fitting(&[2], 1), 0);
-        assert_eq!(pods_fitting(&[], 5), 0);
+    fn pods_are_served_in_the_schedulers_order_skipping_what_does_not_fit() {
+        assert_eq!(served_in_order(&[3, 1, 1, 2], 4), vec![0, 1]);
+        assert_eq!(served_in_order(&[3, 2, 1], 4), vec![0, 2]);
+        assert_eq!(served_in_order(&[2], 1), Vec::<usize>::new());
+        assert_eq!(served_in_order(&[], 5), Vec::<usize>::new());
     }
 
     #[test]
@@ -226,6 +230,7 @@ mod tests {
             dedicated: false,
             constraints: Default::default(),
             scheduler_message: None,
+            priority: 0,
             created: None,
         };
         let model = crate::mig::catalog::lookup("A100-SXM4-80GB").unwrap();

@@ -3,7 +3,7 @@
 //! (never a busy one), then fragmentation afterwards; which idle nodes become dedicated for
 //! tensor-parallel pods and which dedicated nodes go back; and, for every pod left waiting, why.
 
-use super::capacity::{layout_specs, ledger, pods_fitting, schedule, NodeLedger};
+use super::capacity::{layout_specs, ledger, schedule, served_in_order, NodeLedger};
 use super::gpu_options::{observed_spec, options, Counts, GpuOption};
 use super::nodes::{GpuNode, Phase, RECLAIM_LAYOUT};
 use super::pods::{GpuPod, NotServed, Resource};
@@ -165,8 +165,8 @@ struct Choice {
 /// Most partial states the exact search of one node keeps; beyond, GPU by GPU.
 const STATES: usize = 20_000;
 
-/// The waiting pods by resource, smallest request first (then oldest), with running totals:
-/// how many fit in `free` units is a binary search.
+/// The waiting pods by resource in the scheduler's order (higher priority, then older), with
+/// running totals (the most any of them could use).
 struct Waiting<'p> {
     by_resource: BTreeMap<&'p Resource, (Vec<&'p GpuPod>, Vec<u32>)>,
 }
@@ -178,7 +178,7 @@ impl<'p> Waiting<'p> {
             by_resource.entry(&p.resource).or_default().0.push(p);
         }
         for (pods, totals) in by_resource.values_mut() {
-            pods.sort_by_key(|p| (p.count, p.created, p.key.clone()));
+            pods.sort_by_key(|p| p.queue_order());
             let mut sum = 0;
             *totals = pods
                 .iter()
@@ -191,11 +191,20 @@ impl<'p> Waiting<'p> {
         Self { by_resource }
     }
 
-    /// Pods of `r` that fit in `free` units, and the units they would use.
+    /// The pods of `r` that `free` new units go to, as the scheduler hands them out (in its order,
+    /// each that still fits), and the units they use.
+    fn served(&self, r: &Resource, free: u32) -> (Vec<&'p GpuPod>, u32) {
+        let Some((pods, _)) = self.by_resource.get(r) else { return (Vec::new(), 0) };
+        let counts: Vec<u32> = pods.iter().map(|p| p.count).collect();
+        let picked: Vec<&GpuPod> = served_in_order(&counts, free).into_iter().map(|k| pods[k]).collect();
+        let units = picked.iter().map(|p| p.count).sum();
+        (picked, units)
+    }
+
+    /// How many pods of `r` `free` new units serve, and the units they use.
     fn fitting(&self, r: &Resource, free: u32) -> (usize, u32) {
-        let Some((_, totals)) = self.by_resource.get(r) else { return (0, 0) };
-        let n = totals.partition_point(|t| *t <= free);
-        (n, if n == 0 { 0 } else { totals[n - 1] })
+        let (pods, units) = self.served(r, free);
+        (pods.len(), units)
     }
 }
 
@@ -232,14 +241,12 @@ fn evaluate(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &W
     Some(((unblocked, -destroyed, -created, -(frag * 1000.0).round() as i64), useful))
 }
 
-/// The pods the picks unblock, smallest request first.
+/// The pods the picks unblock, in the scheduler's order.
 fn unblocked_pods(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &Waiting) -> Vec<String> {
     let mut out = Vec::new();
     for (r, have) in &offered(opts, picks) {
-        let (n, _) = waiting.fitting(r, have.saturating_sub(c.ledger.taken(r)));
-        if let Some((pods, _)) = waiting.by_resource.get(r) {
-            out.extend(pods.iter().take(n).map(|p| p.key.clone()));
-        }
+        let (pods, _) = waiting.served(r, have.saturating_sub(c.ledger.taken(r)));
+        out.extend(pods.iter().map(|p| p.key.clone()));
     }
     out
 }
@@ -394,7 +401,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         }
         cands.push(Candidate { node, model, ledger: l, gpus, current });
     }
-    let unmet_all = schedule(&mut ledgers, &dedicated, &usable, world.pods);
+    let unmet_all = schedule(&mut ledgers, &dedicated, &usable, world.pods, |p, i| lands(p, cands[i].node));
     for (c, l) in cands.iter_mut().zip(&ledgers) {
         c.ledger = l.clone();
     }
@@ -615,14 +622,13 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod]) -> Option<Decision> {
     if c.gpus.iter().any(CurrentGpu::any_busy) {
         return None;
     }
-    let tp: Vec<&&GpuPod> = unmet.iter().filter(|p| p.is_tensor_parallel()).collect();
+    let mut tp: Vec<&&GpuPod> = unmet.iter().filter(|p| p.is_tensor_parallel()).collect();
+    tp.sort_by_key(|p| p.queue_order());
     let counts: Vec<u32> = tp.iter().map(|p| p.count).collect();
-    let n = pods_fitting(&counts, c.gpus.len() as u32);
-    if n == 0 {
+    let served = served_in_order(&counts, c.gpus.len() as u32);
+    if served.is_empty() {
         return None;
     }
-    let mut by_size = tp.clone();
-    by_size.sort_by_key(|p| (p.count, p.created, p.key.clone()));
     let destroyed: u32 = c.gpus.iter().map(|g| g.instances.len() as u32 + u32::from(g.mps_slots.is_some())).sum();
     Some(Decision {
         node: c.node.name.clone(),
@@ -630,7 +636,7 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod]) -> Option<Decision> {
         model: c.model,
         specs: vec![GpuSpec::Off; c.gpus.len()],
         restore: None,
-        pods: by_size.iter().take(n).map(|p| p.key.clone()).collect(),
+        pods: served.iter().map(|&k| tp[k].key.clone()).collect(),
         destroyed,
         created: 0,
         frag: 0.0,

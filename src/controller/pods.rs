@@ -75,6 +75,8 @@ pub struct GpuPod {
     pub constraints: super::fit::Constraints,
     /// The scheduler's last word on it (the PodScheduled condition's message), while unschedulable.
     pub scheduler_message: Option<String>,
+    /// `spec.priority` (the scheduler serves higher first, then older).
+    pub priority: i32,
     /// Creation time (seconds since the epoch), if known.
     pub created: Option<i64>,
 }
@@ -83,6 +85,11 @@ impl GpuPod {
     /// Whether the pod waits for GPUs the cluster does not offer.
     pub fn is_unschedulable(&self) -> bool {
         matches!(self.standing, Standing::Unschedulable { .. })
+    }
+
+    /// The scheduler's order: higher priority first, then older, then by name.
+    pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Option<i64>, String) {
+        (std::cmp::Reverse(self.priority), self.created, self.key.clone())
     }
 
     /// A tensor-parallel pod for the dedicated pool: several whole GPUs and the toleration.
@@ -236,6 +243,7 @@ fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> 
         dedicated,
         constraints: super::fit::constraints(pod),
         scheduler_message: unschedulable.and_then(|c| c.message.clone()),
+        priority: spec.and_then(|s| s.priority).unwrap_or(0),
         created: pod.metadata.creation_timestamp.as_ref().map(seconds),
     }))
 }

@@ -42,6 +42,7 @@ fn pod(name: &str, resource: Resource, count: u32, age: i64) -> GpuPod {
         dedicated: false,
         constraints: Default::default(),
         scheduler_message: None,
+        priority: 0,
         created: Some(age),
     }
 }
@@ -153,6 +154,21 @@ fn only_nodes_a_pod_could_land_on_change_and_a_pod_blocked_elsewhere_changes_not
         n.reason,
         "needs 1g.10gb but cannot land on any GPU node for other reasons: gpu-a: Insufficient cpu; gpu-b: Insufficient cpu (the scheduler: 0/2 nodes are available: 2 Insufficient cpu.)"
     );
+}
+
+#[test]
+fn new_capacity_goes_to_the_pods_the_scheduler_serves_first_higher_priority_then_older() {
+    // Half an A100 is free: room for one of the two 3 × 1g.10gb pods.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4"])];
+    let old = pod("old", mig("1g.10gb"), 3, 1);
+    let mut urgent = pod("urgent", mig("1g.10gb"), 3, 2);
+    urgent.priority = 1000;
+    let out = run(&nodes, &[old.clone(), urgent], &Options::default());
+    assert_eq!(out.decisions[0].pods, vec!["serving/urgent".to_string()]);
+    // At equal priority the older one is served.
+    let younger = pod("younger", mig("1g.10gb"), 3, 2);
+    let out = run(&nodes, &[younger, old], &Options::default());
+    assert_eq!(out.decisions[0].pods, vec!["serving/old".to_string()]);
 }
 
 #[test]

@@ -139,10 +139,13 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
             }
         }
     }
-    for pod in &pods {
-        if !pod["spec"]["nodeName"].is_null() {
-            continue;
-        }
+    // The scheduler's queue: higher priority first, then older.
+    let mut queue: Vec<&Value> = pods.iter().filter(|p| p["spec"]["nodeName"].is_null()).collect();
+    queue.sort_by_key(|p| {
+        let priority = p["spec"]["priority"].as_i64().unwrap_or(0);
+        (std::cmp::Reverse(priority), p["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string(), key(p))
+    });
+    for pod in queue {
         let Some((resource, count)) = request(pod) else { continue };
         let k = key(pod);
         // As the scheduler's filters: node selector, CPU against allocatable less what the bound
