@@ -381,3 +381,67 @@ fn pods_blocked_by_something_else_than_gpus_change_no_node_and_are_told_why() {
     assert_eq!(rig.pod("serving", "s6-cpu").0, "Pending");
     assert_eq!(rig.pod("serving", "s6-selector").0, "Pending");
 }
+
+#[test]
+fn a_mixed_burst_with_blocked_pods_changes_nothing_for_pods_that_never_bind() {
+    let names = ["gpu-a", "gpu-b", "gpu-c", "gpu-d"];
+    let mut rig = Rig::start("A100-SXM4-80GB:2", &names, "all-3g.40gb");
+    rig.api.change(|s| {
+        for n in names {
+            let key = ("nodes".to_string(), String::new(), n.to_string());
+            let mut node = s.objects.get(&key).cloned().unwrap();
+            node["status"]["allocatable"] = serde_json::json!({"cpu": "32", "memory": "256Gi"});
+            s.put(key, node);
+        }
+    });
+    rig.schedule();
+    let _c = rig.controller("c1", &["--max-concurrent-nodes", "4"]);
+    rig.wait("c1 leads", 30, |r| r.log("c1").contains("became the leader"));
+    let mut servable = Vec::new();
+    for (i, profile) in ["1g.10gb"; 10].iter().chain(&["2g.20gb"; 4]).chain(&["3g.40gb"; 4]).enumerate() {
+        let name = format!("m{i:02}");
+        rig.api.put("pods", gpu_pod("serving", &name, &format!("nvidia.com/mig-{profile}"), 1, false));
+        servable.push(name);
+    }
+    let mut selector = gpu_pod("serving", "s6-selector", "nvidia.com/mig-1g.10gb", 1, false);
+    selector["spec"]["nodeSelector"] = serde_json::json!({"disk": "ssd"});
+    let mut cpu = gpu_pod("serving", "s6-cpu", "nvidia.com/mig-2g.20gb", 1, false);
+    cpu["spec"]["containers"][0]["resources"]["requests"] = serde_json::json!({"cpu": "64"});
+    let mut two = gpu_pod("serving", "two-resources", "nvidia.com/mig-1g.10gb", 1, false);
+    two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = serde_json::json!("1");
+    for p in [selector, cpu, two] {
+        rig.api.put("pods", p);
+    }
+    let burst = std::time::Instant::now();
+    rig.wait("every servable pod runs", 90, |r| servable.iter().all(|n| r.pod("serving", n).0 == "Running"));
+    let served_in = burst.elapsed();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // Changes made for pods that then never bound: pod-level Repartitioning Events on pods still
+    // pending, and node-level ones naming them.
+    let pending: Vec<String> = ["s6-selector", "s6-cpu", "two-resources"]
+        .iter()
+        .filter(|n| rig.pod("serving", n).0 != "Running")
+        .map(|n| n.to_string())
+        .collect();
+    let events = rig.api.events();
+    let for_never_bound = events
+        .iter()
+        .filter(|(obj, r, note)| {
+            r == "Repartitioning"
+                && (pending.contains(obj) || pending.iter().any(|p| note.contains(&format!("serving/{p}"))))
+        })
+        .count();
+    let changes = events.iter().filter(|(obj, r, _)| r == "Repartitioning" && obj.starts_with("gpu-")).count();
+    println!(
+        "burst of {} pods ({} blocked or unservable): {} servable running in {} ms, {changes} node change(s), {for_never_bound} made for pods that never bound",
+        servable.len() + 3,
+        3,
+        servable.len(),
+        served_in.as_millis()
+    );
+    assert_eq!(pending.len(), 3, "the blocked pods stay pending");
+    assert_eq!(for_never_bound, 0);
+    for n in ["s6-selector", "s6-cpu", "two-resources"] {
+        assert_eq!(events.iter().filter(|(o, r, _)| o == n && r == "NotServed").count(), 1, "{n}: one NotServed Event");
+    }
+}

@@ -34,16 +34,18 @@ impl Drop for Scheduler {
     }
 }
 
-/// (resource, count) of a pod's GPU request.
-fn request(pod: &Value) -> Option<(String, u32)> {
+/// Every (resource, count) of a pod's GPU requests (a pod may ask for several; all must come
+/// from one node).
+fn request(pod: &Value) -> Option<Vec<(String, u32)>> {
+    let mut out = Vec::new();
     for c in pod["spec"]["containers"].as_array()? {
         for (k, v) in c["resources"]["limits"].as_object().into_iter().flatten() {
             if k.starts_with("nvidia.com/") {
-                return Some((k.clone(), v.as_str()?.parse().ok()?));
+                out.push((k.clone(), v.as_str()?.parse().ok()?));
             }
         }
     }
-    None
+    (!out.is_empty()).then_some(out)
 }
 
 fn tolerates_dedicated(pod: &Value) -> bool {
@@ -146,7 +148,8 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
         (std::cmp::Reverse(priority), p["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string(), key(p))
     });
     for pod in queue {
-        let Some((resource, count)) = request(pod) else { continue };
+        let Some(asks) = request(pod) else { continue };
+        let resource = asks[0].0.clone();
         let k = key(pod);
         // As the scheduler's filters: node selector, CPU against allocatable less what the bound
         // pods request, then the device plugin's free devices. Each refusal in its words.
@@ -178,12 +181,16 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
                     return None;
                 }
             }
-            let f = free(n, &name, &resource, &given);
-            if f.len() < count as usize {
-                refuse(format!("Insufficient {resource}"));
-                return None;
+            let mut devices = Vec::new();
+            for (r, count) in &asks {
+                let f = free(n, &name, r, &given);
+                if f.len() < *count as usize {
+                    refuse(format!("Insufficient {r}"));
+                    return None;
+                }
+                devices.extend_from_slice(&f[..*count as usize]);
             }
-            Some((name, f[..count as usize].to_vec()))
+            Some((name, devices))
         });
         let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
         let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
