@@ -25,6 +25,25 @@ fn documents() -> Vec<serde_json::Value> {
     documents_of("daemonset.yaml")
 }
 
+/// The args of a workload's first container.
+fn args_of(workload: &serde_json::Value) -> Vec<String> {
+    workload["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+/// Every `--flag` in `args` (after the verb) is one `gpupart VERB --help` knows.
+fn assert_flags_of(verb: &str, args: &[String]) {
+    let help = support::gpupart(&[verb, "--help"], &[]).ok().stdout;
+    for a in &args[1..] {
+        let flag = a.split('=').next().unwrap();
+        assert!(help.contains(flag), "{flag} is not a {verb} flag");
+    }
+}
+
 #[test]
 fn daemonset_validates_against_kubernetes_schemas() {
     let (ok, out) = tool("kubernetes-validate", &["--strict", &repo("daemonset.yaml")]);
@@ -61,11 +80,7 @@ fn controller_manifest_has_the_agreed_shape_and_least_privilege() {
     let agent_args = agent["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
     assert!(agent_args.iter().any(|a| a == "--config-map=gpupart-system/gpupart-config"), "{agent_args:?}");
     // The flags parse: `gpupart controller --help` knows each one.
-    let help = support::gpupart(&["controller", "--help"], &[]).ok().stdout;
-    for a in &args[1..] {
-        let flag = a.split('=').next().unwrap();
-        assert!(help.contains(flag), "{flag} is not a controller flag");
-    }
+    assert_flags_of("controller", &args.iter().map(|a| a.to_string()).collect::<Vec<_>>());
     // Least privilege: what the controller needs, and nothing that deletes or reaches beyond.
     let p = Permissions::of(&[&repo("deploy/controller.yaml")], "gpupart-system", "gpupart-controller");
     let can = |m: &str, path: &str| p.allows(&attributes(m, path));
@@ -160,29 +175,13 @@ fn systemd_unit_is_notify_and_ordered_before_kubelet() {
 fn beside_the_gpu_operator_the_shipped_manifests_and_the_flag_defaults_agree() {
     // The agent pauses and restarts the Operator's device plugin, GFD and DCGM exporter.
     let ds = documents();
-    let agent = ds.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
-    let args: Vec<&str> = agent["spec"]["template"]["spec"]["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|a| a.as_str())
-        .collect();
-    assert!(args.contains(&"--pause-gpu-clients"), "{args:?}");
-    let help = support::gpupart(&["agent", "--help"], &[]).ok().stdout;
-    for a in &args[1..] {
-        let flag = a.split('=').next().unwrap();
-        assert!(help.contains(flag), "{flag} is not an agent flag");
-    }
+    let args = args_of(ds.iter().find(|d| d["kind"] == "DaemonSet").unwrap());
+    assert!(args.iter().any(|a| a == "--pause-gpu-clients"), "{args:?}");
+    assert_flags_of("agent", &args);
     // The controller's defaults are the names the manifests use, so it runs without flags.
     let help = support::gpupart(&["controller", "--help"], &[]).ok().stdout;
     let docs = documents_of("deploy/controller.yaml");
-    let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
-    let cargs: Vec<&str> = d["spec"]["template"]["spec"]["containers"][0]["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|a| a.as_str())
-        .collect();
+    let cargs = args_of(docs.iter().find(|d| d["kind"] == "Deployment").unwrap());
     for flag in ["--layouts-configmap", "--lease"] {
         let value = cargs.iter().find_map(|a| a.strip_prefix(&format!("{flag}="))).unwrap();
         assert!(help.contains(&format!("[default: {value}]")), "{flag}: the manifest's {value} is not the default");
