@@ -315,6 +315,8 @@ impl Sim {
                 count: p.count,
                 standing,
                 dedicated: p.tp,
+                also: Vec::new(),
+                unserved: None,
                 constraints: Default::default(),
                 scheduler_message: None,
                 priority: 0,

@@ -62,6 +62,8 @@ fn pod(i: usize, resource: Resource, count: u32) -> GpuPod {
         count,
         standing: Standing::Unschedulable { since: Some(i as i64) },
         dedicated: false,
+        also: Vec::new(),
+        unserved: None,
         constraints: Default::default(),
         scheduler_message: None,
         priority: 0,

@@ -139,7 +139,9 @@ pub fn ledger(
     }
     let mut bound = Counts::new();
     for p in pods.iter().filter(|p| p.node() == Some(node.name.as_str())) {
-        *bound.entry(p.resource.clone()).or_default() += p.count;
+        for (r, n) in p.asks() {
+            *bound.entry(r.clone()).or_default() += n;
+        }
         l.pods.push(p.key.clone());
     }
     let mut gpus = node.gpus.clone();
@@ -179,10 +181,14 @@ pub fn schedule<'p>(
     let mut left = Vec::new();
     for p in waiting {
         let fit = (0..ledgers.len()).find(|&i| {
-            usable[i] && (!dedicated[i] || p.dedicated) && ledgers[i].free(&p.resource) >= p.count && lands(p, i)
+            usable[i] && (!dedicated[i] || p.dedicated) && p.asks().all(|(r, n)| ledgers[i].free(r) >= n) && lands(p, i)
         });
         match fit {
-            Some(i) => *ledgers[i].assigned.entry(p.resource.clone()).or_default() += p.count,
+            Some(i) => {
+                for (r, n) in p.asks() {
+                    *ledgers[i].assigned.entry(r.clone()).or_default() += n;
+                }
+            }
             None => left.push(p),
         }
     }
@@ -228,6 +234,8 @@ mod tests {
             count: 1,
             standing: Standing::Bound { node: "n".into() },
             dedicated: false,
+            also: Vec::new(),
+            unserved: None,
             constraints: Default::default(),
             scheduler_message: None,
             priority: 0,

@@ -192,13 +192,14 @@ impl<'p> Waiting<'p> {
     }
 
     /// The pods of `r` that `free` new units go to, as the scheduler hands them out (in its order,
-    /// each that still fits), and the units they use.
+    /// each that still fits), and the units they use. Pods the controller does not serve take
+    /// their units but are not among those returned.
     fn served(&self, r: &Resource, free: u32) -> (Vec<&'p GpuPod>, u32) {
         let Some((pods, _)) = self.by_resource.get(r) else { return (Vec::new(), 0) };
         let counts: Vec<u32> = pods.iter().map(|p| p.count).collect();
         let picked: Vec<&GpuPod> = served_in_order(&counts, free).into_iter().map(|k| pods[k]).collect();
-        let units = picked.iter().map(|p| p.count).sum();
-        (picked, units)
+        let units = picked.iter().filter(|p| p.unserved.is_none()).map(|p| p.count).sum();
+        (picked.into_iter().filter(|p| p.unserved.is_none()).collect(), units)
     }
 
     /// How many pods of `r` `free` new units serve, and the units they use.
@@ -406,8 +407,11 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         c.ledger = l.clone();
     }
     let pending = world.pods.iter().filter(|p| p.node().is_none()).count();
-    let mut unmet: Vec<&GpuPod> = unmet_all.into_iter().filter(|p| p.is_unschedulable()).collect();
-    out.placeable = pending.saturating_sub(unmet.len());
+    let unmet_all: Vec<&GpuPod> = unmet_all.into_iter().filter(|p| p.is_unschedulable()).collect();
+    // Pods the controller does not serve still take what the scheduler would give them.
+    let competitors: Vec<&GpuPod> = unmet_all.iter().copied().filter(|p| p.unserved.is_some()).collect();
+    let mut unmet: Vec<&GpuPod> = unmet_all.iter().copied().filter(|p| p.unserved.is_none()).collect();
+    out.placeable = pending.saturating_sub(unmet_all.len());
     let mut budget = opts.max_concurrent_nodes.saturating_sub(busy_nodes);
     // Which nodes may change now.
     let mut changeable: Vec<usize> = Vec::new();
@@ -436,7 +440,10 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             let c = &cands[i];
             // Only pods that could land here apart from their GPUs count for this node.
             let here: Vec<&GpuPod> = unmet.iter().copied().filter(|p| lands(p, c.node)).collect();
-            let shared: Vec<&GpuPod> = shared.iter().copied().filter(|p| lands(p, c.node)).collect();
+            // A pod the controller does not serve competes here only if its other resources are free
+            // here too (else the scheduler cannot bind it on this node).
+            let rivals = competitors.iter().copied().filter(|p| p.also.iter().all(|(r, n)| c.ledger.free(r) >= *n));
+            let shared: Vec<&GpuPod> = shared.iter().copied().chain(rivals).filter(|p| lands(p, c.node)).collect();
             let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
             let waiting = Waiting::new(&shared);
             if let Some(d) = dedicate(c, &here) {

@@ -71,6 +71,11 @@ pub struct GpuPod {
     pub standing: Standing,
     /// Tolerates the dedicated pool's taint.
     pub dedicated: bool,
+    /// Further GPU resources it asks for on the same node (then the controller does not serve it).
+    pub also: Vec<(Resource, u32)>,
+    /// Why the controller does not serve it, when it does not; it still takes the units the
+    /// scheduler gives it (and holds them once bound).
+    pub unserved: Option<String>,
     /// Where it may land apart from its GPUs (selector, affinity, tolerations, CPU, memory).
     pub constraints: super::fit::Constraints,
     /// The scheduler's last word on it (the PodScheduled condition's message), while unschedulable.
@@ -85,6 +90,11 @@ impl GpuPod {
     /// Whether the pod waits for GPUs the cluster does not offer.
     pub fn is_unschedulable(&self) -> bool {
         matches!(self.standing, Standing::Unschedulable { .. })
+    }
+
+    /// Every (resource, units) it asks for on its node.
+    pub fn asks(&self) -> impl Iterator<Item = (&Resource, u32)> {
+        std::iter::once((&self.resource, self.count)).chain(self.also.iter().map(|(r, n)| (r, *n)))
     }
 
     /// The scheduler's order: higher priority first, then older, then by name.
@@ -175,6 +185,26 @@ pub fn read(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> 
     }
 }
 
+/// The resource a GPU resource name asks for; the error says why the controller cannot serve it.
+fn resource_of(res_name: &str, mps_resource: &str) -> Result<Resource, String> {
+    if res_name == GPU_RESOURCE {
+        return Ok(Resource::Gpu);
+    }
+    if res_name == mps_resource {
+        return Ok(Resource::Mps);
+    }
+    let profile = &res_name[MIG_RESOURCE_PREFIX.len()..];
+    let p: ProfileName =
+        profile.parse().map_err(|e| format!("asks for {res_name}: '{profile}' is not a MIG profile ({e})"))?;
+    if p.gi_name() != p {
+        return Err(format!(
+            "asks for {res_name}, a compute instance inside a GPU instance; the controller creates whole GPU instances ({})",
+            p.gi_name()
+        ));
+    }
+    Ok(Resource::Mig(p))
+}
+
 /// [`read`] for a pod in any phase.
 fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
@@ -186,32 +216,19 @@ fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> 
         return Ok(None);
     }
     let requests = gpu_requests(pod, mps_resource).map_err(&not_served)?;
-    let mut it = requests.iter();
-    let Some((res_name, &count)) = it.next() else { return Ok(None) };
-    if requests.len() > 1 {
-        let names: Vec<&str> = requests.keys().map(String::as_str).collect();
-        return Err(not_served(format!(
-            "asks for several GPU resources ({}); the controller serves pods with one",
-            names.join(", ")
-        )));
+    let mut asked = Vec::new();
+    for (res_name, &count) in &requests {
+        asked.push((resource_of(res_name, mps_resource).map_err(&not_served)?, count));
     }
-    let resource = if res_name == GPU_RESOURCE {
-        Resource::Gpu
-    } else if res_name == mps_resource {
-        Resource::Mps
-    } else {
-        let profile = &res_name[MIG_RESOURCE_PREFIX.len()..];
-        let p: ProfileName = profile
-            .parse()
-            .map_err(|e| not_served(format!("asks for {res_name}: '{profile}' is not a MIG profile ({e})")))?;
-        if p.gi_name() != p {
-            return Err(not_served(format!(
-                "asks for {res_name}, a compute instance inside a GPU instance; the controller creates whole GPU instances ({})",
-                p.gi_name()
-            )));
-        }
-        Resource::Mig(p)
-    };
+    if asked.is_empty() {
+        return Ok(None);
+    }
+    let (resource, count) = asked.remove(0);
+    // Several GPU resources: not served, but it competes for the units the scheduler would give it.
+    let unserved = (!asked.is_empty()).then(|| {
+        let names: Vec<&str> = requests.keys().map(String::as_str).collect();
+        format!("asks for several GPU resources ({}); the controller serves pods with one", names.join(", "))
+    });
     let spec = pod.spec.as_ref();
     let node = spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
     let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
@@ -241,6 +258,8 @@ fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> 
         count,
         standing,
         dedicated,
+        also: asked,
+        unserved,
         constraints: super::fit::constraints(pod),
         scheduler_message: unschedulable.and_then(|c| c.message.clone()),
         priority: spec.and_then(|s| s.priority).unwrap_or(0),
@@ -293,9 +312,12 @@ mod tests {
 
     #[test]
     fn pods_the_controller_cannot_serve_say_why() {
+        // Several GPU resources: not served, but read as a rival for the units it would take.
         let two = pending(serde_json::json!({"limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}}));
-        let e = read(&two, "gpupart.io/mps").unwrap_err();
-        assert!(e.reason.contains("several GPU resources (nvidia.com/gpu, nvidia.com/mig-1g.10gb)"), "{}", e.reason);
+        let p = read(&two, "gpupart.io/mps").unwrap().unwrap();
+        let why = p.unserved.as_deref().unwrap();
+        assert!(why.contains("several GPU resources (nvidia.com/gpu, nvidia.com/mig-1g.10gb)"), "{why}");
+        assert_eq!(p.asks().count(), 2);
         let ci = pending(serde_json::json!({"limits": {"nvidia.com/mig-1c.3g.40gb": "1"}}));
         assert!(read(&ci, "gpupart.io/mps").unwrap_err().reason.contains("compute instance"));
         let frac = pending(serde_json::json!({"limits": {"nvidia.com/gpu": "500m"}}));
@@ -306,11 +328,16 @@ mod tests {
 
     #[test]
     fn a_running_pod_the_controller_cannot_serve_is_never_judged() {
+        let mut ci = pending(serde_json::json!({"limits": {"nvidia.com/mig-1c.3g.40gb": "1"}}));
+        assert!(read(&ci, "gpupart.io/mps").is_err(), "pending: told why");
+        ci.spec.as_mut().unwrap().node_name = Some("gpu-a".into());
+        ci.status.as_mut().unwrap().phase = Some("Running".into());
+        assert_eq!(read(&ci, "gpupart.io/mps").unwrap().map(|p| p.key), None, "running: not judged");
+        // A bound pod with several GPU resources holds all of them on its node.
         let mut two = pending(serde_json::json!({"limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}}));
-        assert!(read(&two, "gpupart.io/mps").is_err(), "pending: told why");
         two.spec.as_mut().unwrap().node_name = Some("gpu-a".into());
-        two.status.as_mut().unwrap().phase = Some("Running".into());
-        assert_eq!(read(&two, "gpupart.io/mps").unwrap().map(|p| p.key), None, "running: not judged");
+        let p = read(&two, "gpupart.io/mps").unwrap().unwrap();
+        assert_eq!((p.node(), p.asks().count()), (Some("gpu-a"), 2));
     }
 
     #[test]

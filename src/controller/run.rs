@@ -184,7 +184,12 @@ fn read_world(cluster: &Cluster, mps_resource: &str) -> (Vec<GpuNode>, Vec<GpuPo
     let mut refused = Vec::new();
     for p in all_pods {
         match pods::read(&p, mps_resource) {
-            Ok(Some(g)) => gpu_pods.push(g),
+            Ok(Some(g)) => {
+                if let (Some(reason), None) = (&g.unserved, g.node()) {
+                    refused.push(NotServed { key: g.key.clone(), reason: reason.clone(), kind: "unservable" });
+                }
+                gpu_pods.push(g);
+            }
             Ok(None) => {}
             Err(n) => refused.push(n),
         }

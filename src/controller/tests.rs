@@ -40,6 +40,8 @@ fn pod(name: &str, resource: Resource, count: u32, age: i64) -> GpuPod {
         count,
         standing: Standing::Unschedulable { since: Some(age) },
         dedicated: false,
+        also: Vec::new(),
+        unserved: None,
         constraints: Default::default(),
         scheduler_message: None,
         priority: 0,
@@ -169,6 +171,30 @@ fn new_capacity_goes_to_the_pods_the_scheduler_serves_first_higher_priority_then
     let younger = pod("younger", mig("1g.10gb"), 3, 2);
     let out = run(&nodes, &[younger, old], &Options::default());
     assert_eq!(out.decisions[0].pods, vec!["serving/old".to_string()]);
+}
+
+#[test]
+fn pods_the_controller_does_not_serve_take_new_capacity_only_where_they_could_bind() {
+    // Half an A100 is free (room for 3 × 1g.10gb); an older pod also asks for a whole GPU.
+    let mut rival = pod("rival", mig("1g.10gb"), 3, 1);
+    rival.also = vec![(Resource::Gpu, 1)];
+    rival.unserved = Some("asks for several GPU resources".into());
+    let mine = pod("mine", mig("1g.10gb"), 3, 2);
+    // No whole GPU here: the rival cannot bind, the new capacity is for `mine`.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4"])];
+    let out = run(&nodes, &[rival.clone(), mine.clone()], &Options::default());
+    assert_eq!(out.decisions[0].pods, vec!["serving/mine".to_string()]);
+    assert!(out.not_served.iter().all(|n| n.key != "serving/rival"), "told why by the reader, not here");
+    // An idle whole GPU beside it: the older rival would take those 3 units first, so they do
+    // not count for `mine` (the controller looks further instead of promising them).
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4", "off"])];
+    let out = run(&nodes, &[rival, mine], &Options::default());
+    assert!(out.decisions.iter().all(|d| !d.pods.contains(&"serving/rival".to_string())));
+    for d in &out.decisions {
+        if d.pods.contains(&"serving/mine".to_string()) {
+            assert!(d.created >= 6, "room for the rival's 3 and mine: {d:?}");
+        }
+    }
 }
 
 #[test]
