@@ -409,7 +409,13 @@ fn a_mixed_burst_with_blocked_pods_changes_nothing_for_pods_that_never_bind() {
     cpu["spec"]["containers"][0]["resources"]["requests"] = serde_json::json!({"cpu": "64"});
     let mut two = gpu_pod("serving", "two-resources", "nvidia.com/mig-1g.10gb", 1, false);
     two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = serde_json::json!("1");
-    for p in [selector, cpu, two] {
+    let mut affinity = gpu_pod("serving", "s6-affinity", "nvidia.com/mig-1g.10gb", 1, false);
+    affinity["spec"]["affinity"] = serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z9"]}]}]}}});
+    let mut memory = gpu_pod("serving", "s6-memory", "nvidia.com/mig-1g.10gb", 1, false);
+    memory["spec"]["containers"][0]["resources"]["requests"] = serde_json::json!({"memory": "512Gi"});
+    let blocked = ["s6-selector", "s6-cpu", "two-resources", "s6-affinity", "s6-memory"];
+    for p in [selector, cpu, two, affinity, memory] {
         rig.api.put("pods", p);
     }
     let burst = std::time::Instant::now();
@@ -418,11 +424,8 @@ fn a_mixed_burst_with_blocked_pods_changes_nothing_for_pods_that_never_bind() {
     std::thread::sleep(std::time::Duration::from_secs(1));
     // Changes made for pods that then never bound: pod-level Repartitioning Events on pods still
     // pending, and node-level ones naming them.
-    let pending: Vec<String> = ["s6-selector", "s6-cpu", "two-resources"]
-        .iter()
-        .filter(|n| rig.pod("serving", n).0 != "Running")
-        .map(|n| n.to_string())
-        .collect();
+    let pending: Vec<String> =
+        blocked.iter().filter(|n| rig.pod("serving", n).0 != "Running").map(|n| n.to_string()).collect();
     let events = rig.api.events();
     let for_never_bound = events
         .iter()
@@ -434,14 +437,14 @@ fn a_mixed_burst_with_blocked_pods_changes_nothing_for_pods_that_never_bind() {
     let changes = events.iter().filter(|(obj, r, _)| r == "Repartitioning" && obj.starts_with("gpu-")).count();
     println!(
         "burst of {} pods ({} blocked or unservable): {} servable running in {} ms, {changes} node change(s), {for_never_bound} made for pods that never bound",
-        servable.len() + 3,
-        3,
+        servable.len() + blocked.len(),
+        blocked.len(),
         servable.len(),
         served_in.as_millis()
     );
-    assert_eq!(pending.len(), 3, "the blocked pods stay pending");
+    assert_eq!(pending.len(), blocked.len(), "the blocked pods stay pending");
     assert_eq!(for_never_bound, 0);
-    for n in ["s6-selector", "s6-cpu", "two-resources"] {
+    for n in blocked {
         assert_eq!(events.iter().filter(|(o, r, _)| o == n && r == "NotServed").count(), 1, "{n}: one NotServed Event");
     }
 }

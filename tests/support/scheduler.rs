@@ -167,18 +167,32 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
                 refuse("node(s) had untolerated taint {gpu-dedicated: true}".into());
                 return None;
             }
-            let selected = pod["spec"]["nodeSelector"]
-                .as_object()
-                .is_none_or(|sel| sel.iter().all(|(k, v)| n["metadata"]["labels"][k] == *v));
-            if !selected {
+            if let Some(t) = untolerated(pod, n) {
+                refuse(format!("node(s) had untolerated taint {{{t}}}"));
+                return None;
+            }
+            let labels = &n["metadata"]["labels"];
+            let selected =
+                pod["spec"]["nodeSelector"].as_object().is_none_or(|sel| sel.iter().all(|(k, v)| labels[k] == *v));
+            if !selected || !affinity_matches(pod, labels) {
                 refuse("node(s) didn't match Pod's node affinity/selector".into());
                 return None;
             }
-            if let Some(alloc) = n["status"]["allocatable"]["cpu"].as_str().and_then(cpu_millis) {
-                let used: u64 = pods.iter().filter(|p| p["spec"]["nodeName"] == name.as_str()).map(pod_cpu).sum();
-                if pod_cpu(pod) > alloc.saturating_sub(used) {
-                    refuse("Insufficient cpu".into());
-                    return None;
+            let on_node: Vec<&Value> = pods.iter().filter(|p| p["spec"]["nodeName"] == name.as_str()).collect();
+            for (what, of_pod) in [("cpu", pod_cpu as fn(&Value) -> u64), ("memory", pod_memory)] {
+                let alloc = n["status"]["allocatable"][what].as_str().and_then(|q| {
+                    if what == "cpu" {
+                        cpu_millis(q)
+                    } else {
+                        memory_bytes(q)
+                    }
+                });
+                if let Some(alloc) = alloc {
+                    let used: u64 = on_node.iter().map(|p| of_pod(p)).sum();
+                    if of_pod(pod) > alloc.saturating_sub(used) {
+                        refuse(format!("Insufficient {what}"));
+                        return None;
+                    }
                 }
             }
             let mut devices = Vec::new();
@@ -255,13 +269,77 @@ pub fn gpu_pod(ns: &str, name: &str, resource: &str, count: u32, dedicated: bool
     p
 }
 
-/// A Kubernetes CPU quantity in millicores.
+/// A CPU quantity in millicores (`500m`, `2`): the forms these tests write.
 fn cpu_millis(q: &str) -> Option<u64> {
-    gpupart::controller::fit::cpu_millis(q)
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => q.parse::<u64>().ok().map(|c| c * 1000),
+    }
 }
 
-/// A pod's CPU request in millicores (its containers' sum).
+/// A memory quantity in bytes (`512Mi`, `8Gi`, plain bytes): the forms these tests write.
+fn memory_bytes(q: &str) -> Option<u64> {
+    for (unit, f) in [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40)] {
+        if let Some(n) = q.strip_suffix(unit) {
+            return n.parse::<u64>().ok().map(|n| n * f);
+        }
+    }
+    q.parse().ok()
+}
+
+/// The sum of a pod's containers' `requests[what]`, read by `parse`.
+fn pod_request(pod: &Value, what: &str, parse: fn(&str) -> Option<u64>) -> u64 {
+    let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
+    containers.iter().filter_map(|c| c["resources"]["requests"][what].as_str().and_then(parse)).sum()
+}
+
 fn pod_cpu(pod: &Value) -> u64 {
-    let pod: Option<k8s_openapi::api::core::v1::Pod> = serde_json::from_value(pod.clone()).ok();
-    pod.map_or(0, |p| gpupart::controller::fit::requests(&p).0)
+    pod_request(pod, "cpu", cpu_millis)
+}
+
+fn pod_memory(pod: &Value) -> u64 {
+    pod_request(pod, "memory", memory_bytes)
+}
+
+/// The first NoSchedule/NoExecute taint of the node (other than the dedicated pool's, judged
+/// apart) that no toleration of the pod matches, as `key: value`.
+fn untolerated(pod: &Value, node: &Value) -> Option<String> {
+    let tolerations = pod["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
+    let taints = node["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    taints
+        .iter()
+        .filter(|t| t["key"] != "gpu-dedicated" && (t["effect"] == "NoSchedule" || t["effect"] == "NoExecute"))
+        .find(|t| {
+            !tolerations.iter().any(|tol| {
+                let key = tol["key"].is_null() && tol["operator"] == "Exists" || tol["key"] == t["key"];
+                let value = tol["operator"] == "Exists" || tol["value"] == t["value"];
+                let effect = tol["effect"].is_null() || tol["effect"] == t["effect"];
+                key && value && effect
+            })
+        })
+        .map(|t| format!("{}: {}", t["key"].as_str().unwrap_or(""), t["value"].as_str().unwrap_or("")))
+}
+
+/// Required node affinity (`matchExpressions` with In / NotIn / Exists / DoesNotExist): some term
+/// whose every expression holds; no affinity matches every node.
+fn affinity_matches(pod: &Value, labels: &Value) -> bool {
+    let terms =
+        &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    let Some(terms) = terms.as_array() else { return true };
+    terms.iter().any(|term| {
+        term["matchExpressions"].as_array().is_some_and(|exprs| {
+            exprs.iter().all(|e| {
+                let have = labels[e["key"].as_str().unwrap_or("")].as_str();
+                let values: Vec<&str> =
+                    e["values"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+                match e["operator"].as_str().unwrap_or("") {
+                    "In" => have.is_some_and(|h| values.contains(&h)),
+                    "NotIn" => have.is_none_or(|h| !values.contains(&h)),
+                    "Exists" => have.is_some(),
+                    "DoesNotExist" => have.is_none(),
+                    _ => false,
+                }
+            })
+        })
+    })
 }
