@@ -448,3 +448,20 @@ fn a_mixed_burst_with_blocked_pods_changes_nothing_for_pods_that_never_bind() {
         assert_eq!(events.iter().filter(|(o, r, _)| o == n && r == "NotServed").count(), 1, "{n}: one NotServed Event");
     }
 }
+
+#[test]
+fn a_running_pod_the_controller_cannot_serve_is_never_told_so_nor_counted() {
+    let rig = busy_cluster();
+    // Bound and running, with two GPU resources: none of the controller's business.
+    let mut running = gpu_pod("serving", "running-two", "nvidia.com/mig-1g.10gb", 1, false);
+    running["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = serde_json::json!("1");
+    running["spec"]["nodeName"] = serde_json::json!("gpu-a");
+    running["status"] = serde_json::json!({"phase": "Running"});
+    rig.api.put("pods", running);
+    let _c = rig.controller("c1", &[]);
+    rig.wait("c1 decides", 30, |r| r.log("c1").contains("became the leader"));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(!rig.api.events().iter().any(|(n, r, _)| n == "running-two" && r == "NotServed"), "{:?}", rig.api.events());
+    let scrape = rig.metrics("c1");
+    assert_eq!(value(&scrape, "gpupart_controller_unserved_gpu_pods"), Some(0.0), "{scrape}");
+}
