@@ -465,3 +465,19 @@ fn a_running_pod_the_controller_cannot_serve_is_never_told_so_nor_counted() {
     let scrape = rig.metrics("c1");
     assert_eq!(value(&scrape, "gpupart_controller_unserved_gpu_pods"), Some(0.0), "{scrape}");
 }
+
+#[test]
+fn new_capacity_is_made_for_the_pod_the_scheduler_serves_first() {
+    let rig = busy_cluster();
+    let _c = rig.controller("c1", &[]);
+    rig.wait("c1 leads", 30, |r| r.log("c1").contains("became the leader"));
+    // Room for one of them: the older one asks first, the other has the higher priority.
+    rig.api.put("pods", gpu_pod("serving", "older", "nvidia.com/mig-1g.10gb", 3, false));
+    let mut urgent = gpu_pod("serving", "urgent", "nvidia.com/mig-1g.10gb", 3, false);
+    urgent["spec"]["priority"] = serde_json::json!(1000);
+    rig.api.put("pods", urgent);
+    rig.wait("the urgent pod runs", 60, |r| r.pod("serving", "urgent").0 == "Running");
+    let made_for = |name: &str| rig.api.events().iter().any(|(n, r, _)| n == name && r == "Repartitioning");
+    assert!(made_for("urgent"), "{:?}", rig.api.events());
+    assert!(!made_for("older"), "the capacity was not promised to the pod the scheduler serves second");
+}
