@@ -85,10 +85,7 @@ async fn metrics(State(s): State<HttpState>, headers: axum::http::HeaderMap) -> 
     if accept.contains("application/openmetrics-text") {
         ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render())
     } else {
-        (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-            crate::metrics::to_text(&s.metrics.render()),
-        )
+        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], to_text(&s.metrics.render()))
     }
 }
 
@@ -193,4 +190,38 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, limits: Serve
         guard.insert(id, Held { accepted: std::time::Instant::now(), answering, task: task.abort_handle() });
         drop(guard);
     }
+}
+
+/// The classic Prometheus text format (0.0.4) of an OpenMetrics text, for clients that do not ask
+/// for OpenMetrics (curl, promtool): `info` families become `<name>_info` gauges, counter families
+/// are named with their `_total` samples, and the `# EOF` marker is dropped.
+pub fn to_text(open: &str) -> String {
+    let mut out = String::with_capacity(open.len());
+    // OpenMetrics puts HELP before TYPE; hold the HELP text until the TYPE gives the name.
+    let mut help: Option<&str> = None;
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest.split_once(' ').map_or("", |(_, h)| h));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let (name, kind) = match kind {
+                "info" => (format!("{name}_info"), "gauge"),
+                "counter" => (format!("{name}_total"), "counter"),
+                other => (name.to_string(), other),
+            };
+            if let Some(h) = help.take() {
+                out.push_str(&format!("# HELP {name} {h}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }

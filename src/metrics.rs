@@ -261,7 +261,7 @@ impl Metrics {
 
     /// Renders the classic Prometheus text format (0.0.4): see [`to_text`].
     pub fn render_text(&self) -> String {
-        to_text(&self.render())
+        crate::http::to_text(&self.render())
     }
 
     /// Records a failed collection (the last snapshot stays).
@@ -515,38 +515,4 @@ impl GpuBackend for Instrumented {
     fn set_compute_mode(&self, gpu: u32, mode: crate::observed::ComputeMode) -> Result<(), BackendError> {
         self.timed("compute_mode", || self.inner.set_compute_mode(gpu, mode))
     }
-}
-
-/// The classic Prometheus text format (0.0.4) of an OpenMetrics text, for clients that do not ask
-/// for OpenMetrics (curl, promtool): `info` families become `<name>_info` gauges, counter families
-/// are named with their `_total` samples, and the `# EOF` marker is dropped.
-pub fn to_text(open: &str) -> String {
-    let mut out = String::with_capacity(open.len());
-    // OpenMetrics puts HELP before TYPE; hold the HELP text until the TYPE gives the name.
-    let mut help: Option<&str> = None;
-    for line in open.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            help = Some(rest.split_once(' ').map_or("", |(_, h)| h));
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
-            let (name, kind) = match kind {
-                "info" => (format!("{name}_info"), "gauge"),
-                "counter" => (format!("{name}_total"), "counter"),
-                other => (name.to_string(), other),
-            };
-            if let Some(h) = help.take() {
-                out.push_str(&format!("# HELP {name} {h}\n"));
-            }
-            out.push_str(&format!("# TYPE {name} {kind}\n"));
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
 }

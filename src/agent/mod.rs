@@ -117,7 +117,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let raw: Arc<dyn GpuBackend> = Arc::from(crate::commands::open_backend(g)?);
+    let raw: Arc<dyn GpuBackend> = Arc::from(crate::backend::open(g)?);
     let raw_simulated = raw.is_simulated();
     let metrics = Arc::new(crate::metrics::Metrics::for_backend(raw_simulated));
     let mps = crate::mps::Mps::from_args(g);

@@ -21,16 +21,13 @@ mod plan;
 mod status;
 mod validate;
 
-use crate::backend::nvml::NvmlBackend;
-use crate::backend::sim::SimBackend;
-use crate::backend::GpuBackend;
-use crate::cli::{Cli, Command, GpuArgs, GpuOptions};
+pub use crate::backend::open as open_backend;
+use crate::cli::{Cli, Command, GpuArgs};
 use crate::config::{self, ConfigFile};
 use anyhow::Context;
 use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -74,30 +71,6 @@ fn offline(verb: &str, top: &GpuArgs, used: &[&str]) {
     if !ignored.is_empty() {
         tracing::warn!("{} ignored: `{verb}` reads no GPU", ignored.join(", "));
     }
-}
-
-/// Opens the GPU backend the global options ask for.
-pub fn open_backend(g: &GpuOptions) -> anyhow::Result<Box<dyn GpuBackend>> {
-    if g.simulate.is_none() && g.sim_state.is_none() {
-        let backend = NvmlBackend::open(g.nvml_lib.as_deref(), g.nvidia_smi.as_deref())
-            .context("no GPU backend (pass --simulate MODEL:COUNT to use simulated GPUs)")?;
-        tracing::debug!(backend = %backend.describe(), "backend ready");
-        return Ok(Box::new(backend));
-    }
-    let mut backend = SimBackend::open(g.simulate.as_deref(), g.sim_state.as_deref())?;
-    if let Ok(ms) = std::env::var("GPUPART_SIM_OP_DELAY_MS") {
-        let ms: u64 = ms
-            .trim()
-            .parse()
-            .with_context(|| format!("GPUPART_SIM_OP_DELAY_MS={ms} is not a number of milliseconds"))?;
-        backend = backend.with_op_delay(Duration::from_millis(ms));
-    }
-    if let Ok(spec) = std::env::var("GPUPART_SIM_FAIL") {
-        let faults = crate::mig::sim::fault::Faults::parse(&spec).context("GPUPART_SIM_FAIL")?;
-        backend = backend.with_faults(faults);
-    }
-    tracing::warn!("simulated GPUs ({}): no real GPU is read or changed", backend.describe());
-    Ok(Box::new(backend))
 }
 
 /// Reads a file, `-` being stdin; returns its text and a name for messages. `what` names the

@@ -3,7 +3,7 @@
 //! leader computes the same names), and the merge of generated layouts into the agents' mig-parted
 //! config next to the hand-written ones, removing generated layouts no node uses.
 
-use crate::fleet::render::config_yaml;
+use crate::fleet::layout::config_yaml;
 use crate::fleet::report::{GpuSpec, Layout};
 use crate::mig::catalog::Model;
 use serde_json::Value;

@@ -12,6 +12,7 @@ pub mod choose;
 pub mod configs;
 pub mod current;
 pub mod input;
+pub mod layout;
 pub mod pack;
 pub mod render;
 pub mod report;

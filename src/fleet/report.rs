@@ -3,6 +3,7 @@
 
 use super::choose::{Pool, Target};
 use super::input::Input;
+pub use super::layout::{GpuSpec, Layout};
 use super::{baseline, demand_workload, FleetPlan, GpuUse, PlannedNode};
 use crate::frag::{expected_fragmentation, Workload};
 use crate::mig::capacity::Occupancy;
@@ -265,35 +266,6 @@ pub fn measure(input: &Input, tables: &Tables, nodes: &[PlannedNode], workload: 
     m
 }
 
-/// One named node layout of the config: the per-GPU specs of one GPU model.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    /// Name in the config (`gpupart-shared-2`).
-    pub name: String,
-    /// The pool of the nodes using it.
-    pub pool: String,
-    /// Their GPU model (the entries' `device-filter`).
-    pub model: &'static crate::mig::catalog::Model,
-    /// Per GPU index.
-    pub specs: Vec<GpuSpec>,
-}
-
-/// What the config says for one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum GpuSpec {
-    /// MIG enabled with these devices (name, count), sorted.
-    Mig(Vec<(String, u32)>),
-    /// MIG disabled, no sharing.
-    Off,
-    /// MIG disabled, an MPS daemon with `slots` clients and a per-client memory limit.
-    Mps {
-        /// Client slots.
-        slots: u32,
-        /// Pinned memory per client (MiB), on GPUs that take limits.
-        limit_mib: Option<u64>,
-    },
-}
-
 /// The per-GPU specs of a planned node (its layout).
 pub fn node_specs(input: &Input, tables: &Tables, pn: &PlannedNode) -> Vec<GpuSpec> {
     let model = input.nodes[pn.node].model;
@@ -449,7 +421,7 @@ pub fn report(input: &Input, plan: &FleetPlan) -> PlanDoc {
         })
         .collect();
     PlanDoc {
-        config: super::render::config_yaml(&layouts),
+        config: super::layout::config_yaml(&layouts),
         nodes,
         placements,
         unplaced: plan

@@ -45,7 +45,7 @@ pub struct SourceStatus {
 
 impl PodResources {
     /// The socket the global options name, with a 5 s limit per read.
-    pub fn from_args(g: &crate::cli::GpuOptions) -> Self {
+    pub fn from_args(g: &crate::backend::GpuOptions) -> Self {
         Self { socket: g.pod_resources_socket.clone(), timeout: Duration::from_secs(5) }
     }
 

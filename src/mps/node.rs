@@ -167,7 +167,7 @@ impl Mps {
     }
 
     /// The MPS edge the global options ask for.
-    pub fn from_args(g: &crate::cli::GpuOptions) -> Self {
+    pub fn from_args(g: &crate::backend::GpuOptions) -> Self {
         let mut m = Self::program(&g.mps_control, &g.mps_root, g.mps_timeout);
         m.shm_bytes = super::shm::parse_size(&g.mps_shm_size).unwrap_or(None);
         m
