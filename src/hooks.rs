@@ -144,7 +144,44 @@ impl HookSpec {
     }
 }
 
+/// The `MIG_PARTED_*` environment an apply's hooks see (mig-parted passes every flag that has an
+/// environment source).
+pub fn apply_env(
+    config_file: &str,
+    selected: &str,
+    hooks_file: &str,
+    skip_reset: bool,
+    mode_only: bool,
+    debug: bool,
+) -> Vec<(String, String)> {
+    vec![
+        ("MIG_PARTED_CONFIG_FILE".into(), config_file.to_string()),
+        ("MIG_PARTED_SELECTED_CONFIG".into(), selected.to_string()),
+        ("MIG_PARTED_HOOKS_FILE".into(), hooks_file.to_string()),
+        ("MIG_PARTED_SKIP_RESET".into(), skip_reset.to_string()),
+        ("MIG_PARTED_MODE_CHANGE_ONLY".into(), mode_only.to_string()),
+        ("MIG_PARTED_DEBUG".into(), debug.to_string()),
+    ]
+}
+
 impl Hooks {
+    /// Runs the hooks due right before `jobs` are carried out: `pre-apply-mode` when a MIG mode
+    /// changes, `pre-apply-config` when instances change (as mig-parted decides them).
+    pub fn before_change(
+        &self,
+        jobs: &[crate::prepare::Job],
+        settings: &[(String, String)],
+        verbose: bool,
+    ) -> Result<(), HookError> {
+        if jobs.iter().any(|j| j.mode_change.is_some()) {
+            self.run("pre-apply-mode", settings, verbose)?;
+        }
+        if jobs.iter().any(|j| j.plan.as_ref().is_some_and(|p| !p.is_noop())) {
+            self.run("pre-apply-config", settings, verbose)?;
+        }
+        Ok(())
+    }
+
     /// Runs hook `name` (nothing if absent) with `settings` (`MIG_PARTED_*`) as the environment
     /// besides each command's own `envs`. A failing command's error ends with the last lines of
     /// its output; with `verbose` every command's output is shown.

@@ -128,7 +128,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         let mut config = ConfigSource::File(config_of(a).to_path_buf());
         let mut reporters: Vec<Box<dyn Reporter>> = vec![Box::new(LogAndNotify)];
         if let Some(p) = &a.status_file {
-            reporters.push(Box::new(StatusFile { path: p.clone() }));
+            reporters.push(Box::new(StatusFile { path: p.clone(), simulated: raw_simulated }));
         }
         let mut summaries: Option<KubeReporter> = None;
         let mut plugin = None;
@@ -209,7 +209,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         };
         let outputs = Outputs {
             metrics,
-            reporter: Arc::new(Fanout { reporters, simulated: raw_simulated }),
+            reporter: Arc::new(Fanout(reporters)),
             summaries,
             mps,
             plugin,

@@ -90,28 +90,14 @@ pub struct AgentHooks {
 impl AgentHooks {
     /// The environment of the hooks for a change to layout `name`, as `apply` gives it.
     fn settings(&self, name: &str) -> Vec<(String, String)> {
-        vec![
-            ("MIG_PARTED_CONFIG_FILE".into(), self.config.clone()),
-            ("MIG_PARTED_SELECTED_CONFIG".into(), name.to_string()),
-            ("MIG_PARTED_HOOKS_FILE".into(), self.file.clone()),
-            ("MIG_PARTED_SKIP_RESET".into(), "false".into()),
-            ("MIG_PARTED_MODE_CHANGE_ONLY".into(), "false".into()),
-            ("MIG_PARTED_DEBUG".into(), self.debug.to_string()),
-        ]
+        crate::hooks::apply_env(&self.config, name, &self.file, false, false, self.debug)
     }
 
-    /// Runs the hooks due before a change of `jobs`: apply-start, then pre-apply-mode when a MIG
-    /// mode changes and pre-apply-config when instances change.
+    /// Runs the hooks due before a change of `jobs`: apply-start, then those `apply` runs.
     fn before(&self, name: &str, jobs: &[crate::prepare::Job]) -> Result<(), crate::hooks::HookError> {
         let settings = self.settings(name);
         self.hooks.run("apply-start", &settings, self.debug)?;
-        if jobs.iter().any(|j| j.mode_change.is_some()) {
-            self.hooks.run("pre-apply-mode", &settings, self.debug)?;
-        }
-        if jobs.iter().any(|j| j.plan.as_ref().is_some_and(|p| !p.is_noop())) {
-            self.hooks.run("pre-apply-config", &settings, self.debug)?;
-        }
-        Ok(())
+        self.hooks.before_change(jobs, &settings, self.debug)
     }
 
     /// Runs apply-exit (after apply-start ran, whatever happened since).

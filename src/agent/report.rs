@@ -30,12 +30,15 @@ pub trait Reporter: Send + Sync {
 pub struct StatusFile {
     /// Target path.
     pub path: PathBuf,
+    /// The GPUs are the simulator's (`"simulated": true` in the file).
+    pub simulated: bool,
 }
 
 impl Reporter for StatusFile {
     fn publish(&self, status: &AgentStatus) {
         let write = || -> std::io::Result<()> {
-            let mut text = serde_json::to_string_pretty(status).map_err(std::io::Error::other)?;
+            let status = AgentStatus { simulated: self.simulated, ..status.clone() };
+            let mut text = serde_json::to_string_pretty(&status).map_err(std::io::Error::other)?;
             text.push('\n');
             crate::fsutil::write_atomic(&self.path, text.as_bytes())
         };
@@ -68,32 +71,19 @@ impl Reporter for LogAndNotify {
     }
 }
 
-/// Publishes to several reporters in order, marking every status simulated when the GPUs are.
-pub struct Fanout {
-    /// The reporters.
-    pub reporters: Vec<Box<dyn Reporter>>,
-    /// The GPUs are the simulator's.
-    pub simulated: bool,
-}
-
-impl Fanout {
-    fn marked(&self, status: &AgentStatus) -> AgentStatus {
-        AgentStatus { simulated: self.simulated, ..status.clone() }
-    }
-}
+/// Publishes to several reporters in order.
+pub struct Fanout(pub Vec<Box<dyn Reporter>>);
 
 impl Reporter for Fanout {
     fn publish(&self, status: &AgentStatus) {
-        let status = self.marked(status);
-        for r in &self.reporters {
-            r.publish(&status);
+        for r in &self.0 {
+            r.publish(status);
         }
     }
 
     fn publish_notice(&self, status: &AgentStatus, notice: &Notice) {
-        let status = self.marked(status);
-        for r in &self.reporters {
-            r.publish_notice(&status, notice);
+        for r in &self.0 {
+            r.publish_notice(status, notice);
         }
     }
 }

@@ -105,7 +105,7 @@ pub struct AgentStatus {
     pub next_retry_secs: Option<u64>,
     /// Unix time of this status.
     pub updated_unix: u64,
-    /// True when the GPUs are the simulator's: nothing real was changed.
+    /// True when the GPUs are the simulator's: nothing real was changed (set by the status file).
     pub simulated: bool,
 }
 

@@ -38,14 +38,8 @@ pub fn run(g: &GpuOptions, a: &ApplyArgs) -> anyhow::Result<ExitCode> {
 /// The `MIG_PARTED_*` environment hooks see (mig-parted passes every flag that has an env source).
 fn hook_settings(a: &ApplyArgs, config: &str, debug: bool) -> Vec<(String, String)> {
     let path = |p: &std::path::Path| p.display().to_string();
-    vec![
-        ("MIG_PARTED_CONFIG_FILE".into(), path(&a.config.config_file)),
-        ("MIG_PARTED_SELECTED_CONFIG".into(), config.to_string()),
-        ("MIG_PARTED_HOOKS_FILE".into(), a.hooks_file.as_deref().map(path).unwrap_or_default()),
-        ("MIG_PARTED_SKIP_RESET".into(), a.skip_reset.to_string()),
-        ("MIG_PARTED_MODE_CHANGE_ONLY".into(), a.mode_only.to_string()),
-        ("MIG_PARTED_DEBUG".into(), debug.to_string()),
-    ]
+    let hooks_file = a.hooks_file.as_deref().map(path).unwrap_or_default();
+    crate::hooks::apply_env(&path(&a.config.config_file), config, &hooks_file, a.skip_reset, a.mode_only, debug)
 }
 
 fn apply_with_hooks(
@@ -74,13 +68,7 @@ fn apply_with_hooks(
     };
     let mut before = |jobs: &[Job]| -> Result<(), String> {
         let Some(h) = hooks else { return Ok(()) };
-        if jobs.iter().any(|j| j.mode_change.is_some()) {
-            h.run("pre-apply-mode", settings, g.debug).map_err(|e| e.to_string())?;
-        }
-        if jobs.iter().any(|j| j.plan.as_ref().is_some_and(|p| !p.is_noop())) {
-            h.run("pre-apply-config", settings, g.debug).map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        h.before_change(jobs, settings, g.debug).map_err(|e| e.to_string())
     };
     let mps = crate::mps::Mps::from_args(g);
     let pods = crate::kubelet::pod_resources::PodResources::from_args(g);

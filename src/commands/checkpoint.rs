@@ -86,12 +86,7 @@ fn restore_between_hooks(
         }
     };
     if let Some(h) = hooks {
-        if jobs.iter().any(|j| j.mode_change.is_some()) {
-            h.run("pre-apply-mode", settings, g.debug)?;
-        }
-        if jobs.iter().any(|j| j.plan.as_ref().is_some_and(|p| !p.is_noop())) {
-            h.run("pre-apply-config", settings, g.debug)?;
-        }
+        h.before_change(&jobs, settings, g.debug)?;
     }
     super::interrupt::install();
     let opts = ExecOptions { dry_run: false, parallel: 8, skip_reset: false, stop: Some(&super::interrupt::STOP) };

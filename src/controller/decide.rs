@@ -169,6 +169,8 @@ const STATES: usize = 20_000;
 /// running totals (the most any of them could use).
 struct Waiting<'p> {
     by_resource: BTreeMap<&'p Resource, (Vec<&'p GpuPod>, Vec<u32>)>,
+    /// Each resource's requests in that order (what [`served_in_order`] reads).
+    counts: BTreeMap<&'p Resource, Vec<u32>>,
 }
 
 impl<'p> Waiting<'p> {
@@ -188,16 +190,18 @@ impl<'p> Waiting<'p> {
                 })
                 .collect();
         }
-        Self { by_resource }
+        let counts = by_resource.iter().map(|(r, (pods, _))| (*r, pods.iter().map(|p| p.count).collect())).collect();
+        Self { by_resource, counts }
     }
 
     /// The pods of `r` that `free` new units go to, as the scheduler hands them out (in its order,
     /// each that still fits), and the units they use. Pods the controller does not serve take
     /// their units but are not among those returned.
     fn served(&self, r: &Resource, free: u32) -> (Vec<&'p GpuPod>, u32) {
-        let Some((pods, _)) = self.by_resource.get(r) else { return (Vec::new(), 0) };
-        let counts: Vec<u32> = pods.iter().map(|p| p.count).collect();
-        let picked: Vec<&GpuPod> = served_in_order(&counts, free).into_iter().map(|k| pods[k]).collect();
+        let (Some((pods, _)), Some(counts)) = (self.by_resource.get(r), self.counts.get(r)) else {
+            return (Vec::new(), 0);
+        };
+        let picked: Vec<&GpuPod> = served_in_order(counts, free).into_iter().map(|k| pods[k]).collect();
         let units = picked.iter().filter(|p| p.unserved.is_none()).map(|p| p.count).sum();
         (picked.into_iter().filter(|p| p.unserved.is_none()).collect(), units)
     }

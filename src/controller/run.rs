@@ -168,13 +168,14 @@ fn read_world(cluster: &Cluster, mps_resource: &str) -> (Vec<GpuNode>, Vec<GpuPo
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     // What the pods bound to each node request, as the scheduler counts it against allocatable.
     let all_pods = cluster.pods();
+    let index: BTreeMap<String, usize> = nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
     for p in &all_pods {
         let phase = p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
         let Some(on) = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
         if matches!(phase, "Succeeded" | "Failed") {
             continue;
         }
-        if let Some(n) = nodes.iter_mut().find(|n| n.name == on) {
+        if let Some(n) = index.get(on).map(|&i| &mut nodes[i]) {
             let (cpu, mem) = super::fit::requests(p);
             n.room.cpu_requested += cpu;
             n.room.memory_requested += mem;
