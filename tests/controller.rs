@@ -481,3 +481,42 @@ fn new_capacity_is_made_for_the_pod_the_scheduler_serves_first() {
     assert!(made_for("urgent"), "{:?}", rig.api.events());
     assert!(!made_for("older"), "the capacity was not promised to the pod the scheduler serves second");
 }
+
+#[test]
+fn capacity_made_for_a_pod_counts_the_older_pod_the_controller_does_not_serve() {
+    // GPU 0: three 1g.10gb and free room; GPU 1 whole.
+    let mut rig = Rig::start("A100-SXM4-80GB:2", &["gpu-a"], "half-whole");
+    rig.schedule();
+    for i in 0..3 {
+        rig.api.put("pods", gpu_pod("serving", &format!("small-{i}"), "nvidia.com/mig-1g.10gb", 1, false));
+    }
+    rig.wait("the 1g.10gb instances are taken", 30, |r| {
+        (0..3).all(|i| r.pod("serving", &format!("small-{i}")).0 == "Running")
+    });
+    // Older: a 1g.10gb and a whole GPU (whole GPUs are free): the scheduler binds it first.
+    let mut rival = gpu_pod("serving", "rival", "nvidia.com/mig-1g.10gb", 1, false);
+    rival["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = serde_json::json!("1");
+    rig.api.put("pods", rival);
+    // Creation times have one-second resolution, as in Kubernetes.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    rig.api.put("pods", gpu_pod("serving", "mine", "nvidia.com/mig-1g.10gb", 1, false));
+    let refused = |r: &Rig, n: &str| {
+        r.api.get("pods", "serving", n).is_some_and(|p| p["status"]["conditions"].to_string().contains("Unschedulable"))
+    };
+    rig.wait("the scheduler refuses both", 30, |r| refused(r, "rival") && refused(r, "mine"));
+    let _c = rig.controller("c1", &[]);
+    let both = |r: &Rig| r.pod("serving", "mine").0 == "Running" && r.pod("serving", "rival").0 == "Running";
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !both(&rig) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        both(&rig),
+        "{}\n{:?}\n{:?}",
+        rig.log("c1"),
+        rig.pod("serving", "mine"),
+        rig.api.get("nodes", "", "gpu-a").unwrap()["metadata"]["annotations"]["gpupart.io/gpus"]
+    );
+    let changes = rig.api.events().iter().filter(|(o, r, _)| o == "gpu-a" && r == "Repartitioning").count();
+    assert_eq!(changes, 1, "one change made room for both: {:?}", rig.api.events());
+}

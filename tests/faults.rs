@@ -117,6 +117,8 @@ fn ctrl_c_mid_apply_finishes_the_change_under_way_and_says_what_was_done(b: Back
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
     assert!(stderr.contains("interrupted by SIGINT: "), "{stderr}");
+    // A progress line as each GPU ends.
+    assert!(stderr.contains("finished=1 of=4"), "{stderr}");
     assert!(stdout.contains("interrupted part-way: the changes listed were made"), "{stdout}");
     assert!(stdout.contains("interrupted before its changes began: nothing was changed"), "{stdout}");
     // The change under way finished: no GPU instance without its compute instance.

@@ -167,3 +167,23 @@ fn user_docs_describe_the_product_only() {
         }
     }
 }
+
+#[test]
+fn a_large_plan_says_what_it_is_doing() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("d.yaml");
+    std::fs::write(&f, "fleet:\n  - {name: a, count: 1000, gpu: A100-SXM4-80GB, gpus: 8}\ndemand:\n  - {name: e, profile: 1g.10gb, replicas: 5000}\n").unwrap();
+    let r = gpupart(&["plan", "-f", f.to_str().unwrap()], &[("RUST_LOG", "info")]).ok();
+    for phase in ["choosing pools", "packing MIG instances", "assigning pools to nodes", "writing the report"] {
+        assert!(r.stderr.contains(phase), "no progress line for `{phase}`:\n{}", r.stderr);
+    }
+}
+
+#[test]
+fn the_changelog_and_docs_speak_of_this_version() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let changelog = std::fs::read_to_string(root.join("CHANGELOG.md")).expect("a CHANGELOG.md");
+    assert!(changelog.contains(&format!("## {} ", env!("CARGO_PKG_VERSION"))), "no entry for this version");
+    let metrics = std::fs::read_to_string(root.join("docs/metrics.md")).unwrap();
+    assert!(!metrics.contains("in 0.2"), "docs/metrics.md names a version after this one");
+}

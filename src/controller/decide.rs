@@ -167,30 +167,45 @@ const STATES: usize = 20_000;
 
 /// The waiting pods by resource in the scheduler's order (higher priority, then older), with
 /// running totals (the most any of them could use).
+/// The pods waiting for one resource, as (pod, units of it) in the scheduler's order, and the
+/// running totals of those units.
+type Queue<'p> = (Vec<(&'p GpuPod, u32)>, Vec<u32>);
+
 struct Waiting<'p> {
-    by_resource: BTreeMap<&'p Resource, (Vec<&'p GpuPod>, Vec<u32>)>,
+    /// Per resource, its queue.
+    by_resource: BTreeMap<&'p Resource, Queue<'p>>,
     /// Each resource's requests in that order (what [`served_in_order`] reads).
     counts: BTreeMap<&'p Resource, Vec<u32>>,
 }
 
 impl<'p> Waiting<'p> {
-    fn new(unmet: &[&'p GpuPod]) -> Self {
-        let mut by_resource: BTreeMap<&Resource, (Vec<&GpuPod>, Vec<u32>)> = BTreeMap::new();
+    /// The pods to serve, and the rivals the controller does not serve: a rival competes for each
+    /// of its resources wherever its other ones are free (`free(r, units)`), since only then can
+    /// the scheduler bind it there.
+    fn new(unmet: &[&'p GpuPod], rivals: &[&'p GpuPod], free: impl Fn(&Resource, u32) -> bool) -> Self {
+        let mut by_resource: BTreeMap<&Resource, Queue<'p>> = BTreeMap::new();
         for p in unmet {
-            by_resource.entry(&p.resource).or_default().0.push(p);
+            by_resource.entry(&p.resource).or_default().0.push((p, p.count));
+        }
+        for p in rivals {
+            for (r, n) in p.asks() {
+                if p.asks().filter(|(o, _)| *o != r).all(|(o, m)| free(o, m)) {
+                    by_resource.entry(r).or_default().0.push((p, n));
+                }
+            }
         }
         for (pods, totals) in by_resource.values_mut() {
-            pods.sort_by_key(|p| p.queue_order());
+            pods.sort_by_key(|(p, _)| p.queue_order());
             let mut sum = 0;
             *totals = pods
                 .iter()
-                .map(|p| {
-                    sum += p.count;
+                .map(|(_, n)| {
+                    sum += n;
                     sum
                 })
                 .collect();
         }
-        let counts = by_resource.iter().map(|(r, (pods, _))| (*r, pods.iter().map(|p| p.count).collect())).collect();
+        let counts = by_resource.iter().map(|(r, (pods, _))| (*r, pods.iter().map(|(_, n)| *n).collect())).collect();
         Self { by_resource, counts }
     }
 
@@ -201,9 +216,10 @@ impl<'p> Waiting<'p> {
         let (Some((pods, _)), Some(counts)) = (self.by_resource.get(r), self.counts.get(r)) else {
             return (Vec::new(), 0);
         };
-        let picked: Vec<&GpuPod> = served_in_order(counts, free).into_iter().map(|k| pods[k]).collect();
-        let units = picked.iter().filter(|p| p.unserved.is_none()).map(|p| p.count).sum();
-        (picked.into_iter().filter(|p| p.unserved.is_none()).collect(), units)
+        let picked: Vec<(&GpuPod, u32)> = served_in_order(counts, free).into_iter().map(|k| pods[k]).collect();
+        let ours: Vec<(&GpuPod, u32)> = picked.into_iter().filter(|(p, _)| p.unserved.is_none()).collect();
+        let units = ours.iter().map(|(_, n)| n).sum();
+        (ours.into_iter().map(|(p, _)| p).collect(), units)
     }
 
     /// How many pods of `r` `free` new units serve, and the units they use.
@@ -444,12 +460,10 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             let c = &cands[i];
             // Only pods that could land here apart from their GPUs count for this node.
             let here: Vec<&GpuPod> = unmet.iter().copied().filter(|p| lands(p, c.node)).collect();
-            // A pod the controller does not serve competes here only if its other resources are free
-            // here too (else the scheduler cannot bind it on this node).
-            let rivals = competitors.iter().copied().filter(|p| p.also.iter().all(|(r, n)| c.ledger.free(r) >= *n));
-            let shared: Vec<&GpuPod> = shared.iter().copied().chain(rivals).filter(|p| lands(p, c.node)).collect();
+            let shared: Vec<&GpuPod> = shared.iter().copied().filter(|p| lands(p, c.node)).collect();
+            let rivals: Vec<&GpuPod> = competitors.iter().copied().filter(|p| lands(p, c.node)).collect();
             let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
-            let waiting = Waiting::new(&shared);
+            let waiting = Waiting::new(&shared, &rivals, |r, n| c.ledger.free(r) >= n);
             if let Some(d) = dedicate(c, &here) {
                 let s: Score = (d.pods.len(), -i64::from(d.destroyed), 0, 0);
                 if best.as_ref().is_none_or(|(b, _, _)| s > *b) {
