@@ -1,33 +1,24 @@
 #![warn(missing_docs)]
-//! gpupart: partitions NVIDIA GPUs (MIG, later MPS) with minimal-diff reconfiguration.
-//!
-//! Pure logic lives in [`config`], [`layout`] and [`plan`] (and the `gpupart-mig` crate, re-exported
-//! as [`mig`]); effects sit behind [`backend::GpuBackend`]; [`exec`] composes them.
+//! gpupart, the binary's crate: the CLI ([`cli`], [`commands`]), the node agent's loop
+//! ([`agent`]), the controller's loop ([`controller`]), Kubernetes I/O ([`kube`]), the kubelet's
+//! gRPC APIs ([`kubelet`]), HTTP and metrics, logging — the only place effects are wired
+//! together. The layers below are their own crates: `gpupart-mig` (the MIG domain),
+//! `gpupart-node` (the node pipeline and GPU backends) and `gpupart-cluster` (the fleet planner
+//! and the controller's decisions); their modules are re-exported here under their own names.
 
-pub use gpupart_mig as mig;
+pub use gpupart_cluster::{fleet, keys};
+pub use gpupart_node::{
+    allocations, backend, checkpoint, config, exec, frag, fsutil, hooks, layout, mig, mps, observed, plan, prepare,
+    reconfigure, validate,
+};
 
 pub mod agent;
-pub mod backend;
-pub mod checkpoint;
 pub mod cli;
 pub mod commands;
-pub mod config;
 pub mod controller;
-pub mod exec;
-pub mod fleet;
-pub mod frag;
-pub mod fsutil;
 pub mod fuzzing;
-pub mod hooks;
 pub mod http;
 pub mod kube;
 pub mod kubelet;
-pub mod layout;
 pub mod logging;
 pub mod metrics;
-pub mod mps;
-pub mod observed;
-pub mod plan;
-pub mod prepare;
-pub mod reconfigure;
-pub mod validate;

@@ -27,7 +27,7 @@ fn an_outage_while_pausing_waits_instead_of_failing(b: Backend) {
     let node = Node::with(b, "A100-SXM4-80GB:1");
     let api = ApiServer::start(NODE);
     api.label(PLUGIN, Some("true"));
-    api.state().pods.push(pod("stuck-monitor", PLUGIN));
+    api.put("pods", pod("stuck-monitor", PLUGIN));
     let log = node.dir.path().join("agent.log");
     let extra = ["--resync-interval", "1h", "--pause-gpu-clients", "--pause-timeout", "1h"];
     let _agent = start_logging(&node, &api, &extra, &log);
@@ -35,7 +35,7 @@ fn an_outage_while_pausing_waits_instead_of_failing(b: Backend) {
     api.label(LAYOUT, Some("all-1g.10gb"));
     wait_until("the client is paused", || api.get_label(PLUGIN).as_deref() == Some("paused-for-mig-change"));
     api.go_down();
-    api.state().pods.clear(); // the client stops meanwhile
+    api.delete("pods", "gpu-operator", "stuck-monitor"); // the client stops meanwhile
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(node.load(), before, "no GPU changed while the API was away");
     api.come_back();
@@ -287,14 +287,14 @@ fn survives_api_failures_and_stays_quiet(b: Backend) {
     let node = Node::with(b, "H100-SXM5-80GB:1");
     let api = ApiServer::start(NODE);
     api.label(LAYOUT, Some("all-1g.10gb"));
-    api.state().fail_next.extend([500, 503, 500]);
-    api.state().expire_watches = 2;
+    api.fail_next([500, 503, 500]);
+    api.expire_watches(2);
     let _agent = start(&node, &api, &["--resync-interval", "300ms"]);
     wait_state(&api, "success", "all-1g.10gb");
     // Dropped watches, expired watches and 5xx on writes: the next label change still lands.
     api.drop_watches();
-    api.state().expire_watches = 1;
-    api.state().fail_next.extend([500, 502]);
+    api.expire_watches(1);
+    api.fail_next([500, 502]);
     api.label(LAYOUT, Some("all-balanced"));
     wait_state(&api, "success", "all-balanced");
     // Steady state: resyncs every 300 ms, no writes.
@@ -326,22 +326,29 @@ fn operand_controller(
         let mut seen = Vec::new();
         while !stop.load(std::sync::atomic::Ordering::SeqCst) {
             {
-                let mut s = api.state();
-                for (k, v) in s.labels.clone() {
-                    if v == "paused-for-mig-change" && !seen.contains(&k) {
-                        seen.push(k);
+                let labels = api.state().labels;
+                for (k, v) in &labels {
+                    if v == "paused-for-mig-change" && !seen.contains(k) {
+                        seen.push(k.clone());
                     }
                 }
-                let labels = s.labels.clone();
-                s.pods.retain(|p| {
+                let mut pods = api.pods();
+                for p in &pods {
                     let name = p["metadata"]["name"].as_str().unwrap_or_default();
                     let sel = p["spec"]["nodeSelector"].as_object().unwrap();
-                    name.starts_with("stuck") || sel.keys().all(|k| labels.get(k).map(String::as_str) == Some("true"))
+                    let keep = name.starts_with("stuck")
+                        || sel.keys().all(|k| labels.get(k).map(String::as_str) == Some("true"));
+                    if !keep {
+                        api.delete("pods", "gpu-operator", name);
+                    }
+                }
+                pods.retain(|p| {
+                    api.get("pods", "gpu-operator", p["metadata"]["name"].as_str().unwrap_or_default()).is_some()
                 });
                 for (name, key) in [("device-plugin", PLUGIN), ("dcgm-exporter", DCGM)] {
-                    let present = s.pods.iter().any(|p| p["metadata"]["name"] == name);
+                    let present = pods.iter().any(|p| p["metadata"]["name"] == name);
                     if !present && labels.get(key).map(String::as_str) == Some("true") {
-                        s.pods.push(pod(name, key));
+                        api.put("pods", pod(name, key));
                     }
                 }
             }
@@ -382,7 +389,8 @@ fn pauses_gpu_clients_and_always_restores_them() {
     for (k, v) in [(PLUGIN, "true"), (DCGM, "true"), (GFD, "false")] {
         api.label(k, Some(v));
     }
-    api.state().pods.extend([pod("device-plugin", PLUGIN), pod("dcgm-exporter", DCGM)]);
+    api.put("pods", pod("device-plugin", PLUGIN));
+    api.put("pods", pod("dcgm-exporter", DCGM));
     let stop = Arc::new(AtomicBool::new(false));
     let controller = operand_controller(api.clone(), stop.clone());
 
@@ -402,7 +410,7 @@ fn pauses_gpu_clients_and_always_restores_them() {
         wait_until("labels are restored after failure and success", || restored(&api));
     }
     // Timeout: a client that never stops fails the change, with the labels restored.
-    api.state().pods.push(pod("stuck-monitor", DCGM));
+    api.put("pods", pod("stuck-monitor", DCGM));
     {
         let _agent = spawn("1s", &[]);
         api.label(LAYOUT, Some("mixed-3g-2g"));
@@ -414,7 +422,7 @@ fn pauses_gpu_clients_and_always_restores_them() {
 
     // Restart: killed while clients are paused (a stuck client keeps it waiting); the next agent
     // restores them first.
-    api.state().pods.push(pod("stuck-monitor", DCGM));
+    api.put("pods", pod("stuck-monitor", DCGM));
     {
         let agent = spawn("1h", &[]);
         api.label(LAYOUT, Some("all-1g.10gb"));
@@ -422,7 +430,7 @@ fn pauses_gpu_clients_and_always_restores_them() {
         drop(agent); // SIGKILL while waiting
         assert!(deploy_labels(&api).3, "still paused after the kill");
     }
-    api.state().pods.retain(|p| p["metadata"]["name"] != "stuck-monitor");
+    api.delete("pods", "gpu-operator", "stuck-monitor");
     let _agent = spawn("10s", &[]);
     wait_until("a restarted agent restores the paused labels", || {
         restored(&api) || api.get_label(STATE).as_deref() == Some("pending")

@@ -134,11 +134,11 @@ fn soak(changes: usize) {
         // API trouble around the change.
         if rng.chance(20) {
             let code = [500u16, 503, 409][rng.below(3) as usize];
-            api.state().fail_next.push_back(code);
+            api.fail_next([code]);
             tally.api_failures += 1;
         }
         if rng.chance(8) {
-            api.state().expire_watches += 1;
+            api.expire_watches(1);
             api.drop_watches();
             tally.watch_expiries += 1;
         } else if rng.chance(8) {

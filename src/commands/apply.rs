@@ -1,7 +1,8 @@
 //! `gpupart apply`: plan every GPU, refuse before touching anything if any GPU cannot be planned,
 //! then execute concurrently and report per GPU.
 
-use super::{open_backend, read_config};
+use super::io::read_config;
+use crate::backend::open as open_backend;
 use crate::cli::{ApplyArgs, GpuOptions};
 use crate::exec::{ExecOptions, GpuReport, Outcome};
 use crate::prepare::{Job, Target};

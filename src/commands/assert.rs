@@ -1,6 +1,7 @@
 //! `gpupart assert`: exit 0 iff the selected config is applied, else the first difference.
 
-use super::{open_backend, read_config};
+use super::io::read_config;
+use crate::backend::open as open_backend;
 use crate::cli::{AssertArgs, GpuOptions};
 use crate::layout::DesiredDevices;
 use crate::mps::daemon::DaemonStatus;

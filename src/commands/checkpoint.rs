@@ -3,7 +3,7 @@
 //! of the file can be brought back.
 
 use super::apply::render;
-use super::open_backend;
+use crate::backend::open as open_backend;
 use crate::checkpoint;
 use crate::cli::{CheckpointArgs, GpuOptions, RestoreArgs};
 use crate::exec::{ExecOptions, Outcome};
@@ -35,7 +35,7 @@ fn hook_settings(a: &RestoreArgs, debug: bool) -> Vec<(String, String)> {
 
 /// Runs `restore`.
 pub fn restore(g: &GpuOptions, a: &RestoreArgs) -> anyhow::Result<ExitCode> {
-    let (text, name) = super::read_input(&a.checkpoint_file, "checkpoint file")?;
+    let (text, name) = super::io::read_input(&a.checkpoint_file, "checkpoint file")?;
     let wanted = checkpoint::parse(&text)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("invalid checkpoint file {name}"))?;

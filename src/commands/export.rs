@@ -4,7 +4,7 @@
 //! whose MPS daemon gpupart started and still runs exports its `mps` block with the settings the
 //! daemon serves, so export-then-apply keeps it.
 
-use super::open_backend;
+use crate::backend::open as open_backend;
 use crate::cli::{ExportArgs, ExportFormat, GpuOptions};
 use crate::config::write::EntryLines;
 use crate::mps::settings::{limit_arg, MpsSettings};

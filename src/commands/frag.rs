@@ -1,6 +1,7 @@
 //! `gpupart frag`: fragmentation figures of every GPU and of the node (docs/fragmentation.md).
 
-use super::{open_backend, read_config};
+use super::io::read_config;
+use crate::backend::open as open_backend;
 use crate::cli::{FragArgs, GpuOptions, StatusFormat};
 use crate::frag::{node_frag, GpuFrag, NodeFrag, Workload};
 use anyhow::Context;
@@ -78,7 +79,7 @@ fn table(doc: &FragDoc) -> String {
 }
 
 /// The table of `frag --cluster`.
-fn cluster_table(c: &crate::frag::cluster::ClusterFrag) -> String {
+fn cluster_table(c: &gpupart_cluster::frag::ClusterFrag) -> String {
     let mut out =
         format!("{:<28} {:>9} {:>11} {:>13} {:>10}\n", "NODE", "FRAG", "FRAG GPUS", "UNALLOC GPUS", "FREE GPUS");
     for n in &c.nodes {
@@ -111,7 +112,7 @@ fn cluster_table(c: &crate::frag::cluster::ClusterFrag) -> String {
 pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
     if a.cluster {
         let nodes = crate::kube::cluster::read_node_annotations(&format!("{}fragmentation", a.annotation_prefix))?;
-        let c = crate::frag::cluster::cluster(&nodes)?;
+        let c = gpupart_cluster::frag::cluster(&nodes)?;
         match a.output {
             StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&c)?),
             StatusFormat::Table => out!("{}", cluster_table(&c)),

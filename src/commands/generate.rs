@@ -1,6 +1,6 @@
 //! `gpupart generate-config`: the layouts the GPUs' profiles allow, as a v1 config.
 
-use super::open_backend;
+use crate::backend::open as open_backend;
 use crate::cli::{ExportFormat, GenerateConfigArgs, GpuOptions};
 use crate::config::generate;
 use anyhow::Context;

@@ -2,12 +2,12 @@
 
 /// `print!` that returns [`StdoutClosed`] (through `?`) when the reader went away.
 macro_rules! out {
-    ($($t:tt)*) => { $crate::commands::write_stdout(&format!($($t)*))? };
+    ($($t:tt)*) => { $crate::commands::io::write_stdout(&format!($($t)*))? };
 }
 
 /// `println!` that returns [`StdoutClosed`] (through `?`) when the reader went away.
 macro_rules! outln {
-    ($($t:tt)*) => { $crate::commands::write_stdout(&format!("{}\n", format!($($t)*)))? };
+    ($($t:tt)*) => { $crate::commands::io::write_stdout(&format!("{}\n", format!($($t)*)))? };
 }
 
 mod apply;
@@ -17,16 +17,14 @@ mod export;
 mod frag;
 mod generate;
 mod interrupt;
+mod io;
 mod plan;
 mod status;
 mod validate;
 
 pub use crate::backend::open as open_backend;
 use crate::cli::{Cli, Command, GpuArgs};
-use crate::config::{self, ConfigFile};
-use anyhow::Context;
-use std::io::Read;
-use std::path::Path;
+pub use io::{read_config, read_input, write_stdout, StdoutClosed};
 use std::process::ExitCode;
 
 /// Runs the parsed command line.
@@ -70,41 +68,5 @@ fn offline(verb: &str, top: &GpuArgs, used: &[&str]) {
     let ignored: Vec<_> = top.given().into_iter().filter(|o| !used.contains(o)).collect();
     if !ignored.is_empty() {
         tracing::warn!("{} ignored: `{verb}` reads no GPU", ignored.join(", "));
-    }
-}
-
-/// Reads a file, `-` being stdin; returns its text and a name for messages. `what` names the
-/// file's role in errors ("config file").
-pub fn read_input(path: &Path, what: &str) -> anyhow::Result<(String, String)> {
-    if path == Path::new("-") {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).with_context(|| format!("reading the {what} from stdin"))?;
-        Ok((s, "<stdin>".to_string()))
-    } else {
-        let s = std::fs::read_to_string(path).with_context(|| format!("reading {what} {}", path.display()))?;
-        Ok((s, path.display().to_string()))
-    }
-}
-
-/// Reads and parses a config file (`-` is stdin).
-pub fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
-    let (text, name) = read_input(path, "config file")?;
-    config::parse(&text).with_context(|| format!("invalid config file {name}"))
-}
-
-/// Standard output was closed by its reader (`gpupart status | head -1`): the verb stops
-/// quietly instead of failing.
-#[derive(Debug, thiserror::Error)]
-#[error("standard output was closed")]
-pub struct StdoutClosed;
-
-/// Writes `text` to standard output; a closed pipe is [`StdoutClosed`], other failures errors.
-pub fn write_stdout(text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
-        Err(e) => Err(anyhow::Error::new(e).context("writing to standard output")),
     }
 }

@@ -1,6 +1,6 @@
 //! `gpupart plan`: fleet and demand in, pools, layouts, labels and taints out (docs/plan.md).
 
-use super::read_input;
+use super::io::read_input;
 use crate::cli::{PlanArgs, PlanFormat};
 use crate::fleet::current::{self, Current};
 use crate::fleet::{self, render, report};

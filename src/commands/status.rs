@@ -1,7 +1,7 @@
 //! `gpupart status`: per GPU, the MIG mode, instances and free capacity, as a table or as the
 //! stable JSON schema documented in docs/status-json.md.
 
-use super::open_backend;
+use crate::backend::open as open_backend;
 use crate::cli::{GpuOptions, StatusArgs, StatusFormat};
 use crate::mig::capacity::Occupancy;
 use crate::mig::Placement;

@@ -1,6 +1,6 @@
 //! `gpupart validate`: offline check of a config file; lists every problem.
 
-use super::read_input;
+use super::io::read_input;
 use crate::cli::ValidateArgs;
 use crate::mig::catalog::Model;
 use crate::mig::sim::parse_spec;

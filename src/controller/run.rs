@@ -294,7 +294,7 @@ fn track(memory: &mut Memory, nodes: &[GpuNode], pods: &[GpuPod], now: i64, metr
 fn cluster_fragmentation(nodes: &[GpuNode]) -> Option<f64> {
     let entries: Vec<(String, Option<String>)> =
         nodes.iter().map(|n| (n.name.clone(), n.annotations.get("gpupart.io/fragmentation").cloned())).collect();
-    crate::frag::cluster::cluster(&entries).ok().map(|c| c.fragmentation_ratio)
+    gpupart_cluster::frag::cluster(&entries).ok().map(|c| c.fragmentation_ratio)
 }
 
 fn verb(kind: &Kind, dry_run: bool) -> (&'static str, &'static str) {

@@ -1,8 +1,7 @@
 //! The kubelet's gRPC APIs over unix sockets: the generated device plugin API ([`api`]) and
 //! PodResources API ([`podresources`]) from `proto/`; MPS client slots as devices ([`slots`],
 //! pure); the device plugin server with its registration loop ([`device_plugin`]); the
-//! PodResources client ([`pod_resources`]) and what its allocations mean for the GPUs
-//! ([`allocations`], pure).
+//! PodResources client ([`pod_resources`]) and its answer as allocations ([`allocations`], pure).
 
 pub mod allocations;
 pub mod device_plugin;

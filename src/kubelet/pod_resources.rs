@@ -13,11 +13,7 @@ use std::time::Duration;
 /// Default `--pod-resources-socket`.
 pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
-/// Reads the devices the kubelet has allocated to containers.
-pub trait AllocationSource: Send + Sync {
-    /// Every allocated device of every pod on the node.
-    fn read(&self) -> Result<Vec<PodUse>, String>;
-}
+pub use gpupart_node::allocations::AllocationSource;
 
 /// The kubelet's PodResources socket.
 #[derive(Debug, Clone)]

@@ -1,9 +1,16 @@
-//! An in-process Kubernetes API test server on 127.0.0.1 (real HTTP), enough for the agent:
-//! node list/watch (metadata-only and full, resourceVersions, bookmarks, expired watches),
-//! merge-patch and server-side apply with per-manager label/annotation ownership, pods list by
-//! node, events create/patch, and fault injection (HTTP errors, 410 on watch, dropped watches,
-//! a restart: every connection dropped, connections refused while down, and watches from a
-//! resourceVersion older than the restart answered `410 Expired` as etcd's compaction does).
+//! The Kubernetes API test server: in-process, on 127.0.0.1, real HTTP. One store of objects
+//! with one resourceVersion counter serves every kind the product uses (Nodes, Pods, ConfigMaps,
+//! Leases, Events): list (field selectors such as `metadata.name`, `spec.nodeName`), watch from
+//! a resourceVersion (ADDED/MODIFIED/DELETED, bookmarks, metadata-only), get, create (409
+//! AlreadyExists), replace and merge patch with a `metadata.resourceVersion` precondition (409
+//! Conflict), server-side apply of labels and annotations per field manager, and delete. Fault
+//! injection: HTTP errors, 409s for a field manager, 410 on watch, dropped watches, and a restart
+//! (every connection dropped, connections refused while down, and watches from a resourceVersion
+//! older than the restart answered `410 Expired` as etcd's compaction does). Anything else is
+//! answered 404 naming the request.
+//!
+//! An agent's test starts it with its node ([`ApiServer::start`]); a cluster test starts it
+//! empty ([`ApiServer::empty`]) and puts what it needs.
 #![allow(dead_code)]
 
 use axum::body::{Body, Bytes};
@@ -16,42 +23,35 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
-/// Everything the server knows; tests read and change it through [`ApiServer`].
-#[derive(Debug, Default)]
-pub struct ApiState {
-    /// The node's name.
-    pub node: String,
-    /// Node labels.
-    pub labels: BTreeMap<String, String>,
-    /// Node annotations.
-    pub annotations: BTreeMap<String, String>,
-    /// Current resourceVersion.
+/// A collection: (plural, apiVersion, kind, namespaced).
+const KINDS: &[(&str, &str, &str, bool)] = &[
+    ("nodes", "v1", "Node", false),
+    ("pods", "v1", "Pod", true),
+    ("configmaps", "v1", "ConfigMap", true),
+    ("leases", "coordination.k8s.io/v1", "Lease", true),
+    ("events", "events.k8s.io/v1", "Event", true),
+];
+
+/// The API groups served besides the core group, as path prefixes.
+const GROUPS: &[&str] = &["/apis/coordination.k8s.io/v1/", "/apis/events.k8s.io/v1/"];
+
+/// The uid of the node an agent's test starts the server with.
+pub const NODE_UID: &str = "0a0b0c0d-0000-4000-8000-000000000001";
+
+/// An object's key: (plural, namespace, name); the namespace is empty for cluster objects.
+pub type Key = (String, String, String);
+
+/// One change, for watches.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// resourceVersion after the change.
     pub rv: u64,
-    /// Per field manager: the label and annotation keys it owns through apply.
-    pub managed: HashMap<String, (BTreeSet<String>, BTreeSet<String>)>,
-    /// Events received (create and patch bodies).
-    pub events: Vec<Value>,
-    /// Every request: (method, path?query).
-    pub requests: Vec<(String, String)>,
-    /// Status codes to answer the next non-watch requests with.
-    pub fail_next: VecDeque<u16>,
-    /// Number of coming watch requests that get an expired (410) error event.
-    pub expire_watches: u32,
-    /// Pods reported by `GET /api/v1/pods`.
-    pub pods: Vec<Value>,
-    /// Every node PATCH body accepted, in order.
-    pub patches: Vec<Value>,
-    /// Further nodes (name → annotations), served in node lists and by name (read only).
-    pub other_nodes: BTreeMap<String, BTreeMap<String, String>>,
-    /// Who sent each request, in order (what audit logs and managedFields show).
-    pub identities: Vec<Identity>,
-    /// Watches from a resourceVersion below this get `410 Expired` (set by a restart).
-    pub oldest_watchable: u64,
-    /// `410 Expired` answers sent to watches so far.
-    pub expired_sent: u32,
-    /// Per node label or annotation key: the field manager of the last write that set or removed
-    /// it (`unknown` for a write without one, as managedFields shows it).
-    pub last_writer: BTreeMap<String, String>,
+    /// ADDED, MODIFIED or DELETED.
+    pub kind: &'static str,
+    /// The object's key.
+    pub key: Key,
+    /// The object after (before, for DELETED).
+    pub object: Value,
 }
 
 /// One request's identity.
@@ -65,6 +65,8 @@ pub struct Identity {
     pub user_agent: Option<String>,
     /// `fieldManager` query parameter.
     pub field_manager: Option<String>,
+    /// The bearer token's user.
+    pub user: Option<String>,
 }
 
 impl Identity {
@@ -74,12 +76,108 @@ impl Identity {
     }
 }
 
-#[derive(Clone)]
-struct Shared {
-    state: Arc<Mutex<ApiState>>,
-    changes: broadcast::Sender<Signal>,
+/// Everything the server holds.
+#[derive(Debug, Default)]
+pub struct Store {
+    /// Every object.
+    pub objects: BTreeMap<Key, Value>,
+    /// The resourceVersion counter.
+    pub rv: u64,
+    /// Every change, in order.
+    pub changes: Vec<Change>,
+    /// Every request: (method, path?query).
+    pub requests: Vec<(String, String)>,
+    /// Who sent each request, in order (what audit logs and managedFields show).
+    pub identities: Vec<Identity>,
+    /// Every PATCH body accepted, with its object, in order.
+    pub patches: Vec<(Key, Value)>,
+    /// Per (object, label or annotation key): the field manager of the last write that set or
+    /// removed it (`unknown` for a write without one, as managedFields shows it).
+    pub last_writer: BTreeMap<(Key, String), String>,
+    /// Per (object, field manager): the label and annotation keys it owns through apply.
+    pub managed: HashMap<(Key, String), (BTreeSet<String>, BTreeSet<String>)>,
+    /// Status codes to answer the next non-watch requests with, whatever they ask.
+    pub fail_next: VecDeque<u16>,
+    /// Answer the next requests that match (method, path prefix) with this status code.
+    pub fail: Vec<(String, String, u16)>,
+    /// Answer the next PATCHes by (field manager, path prefix) with 409 Conflict, as the API server
+    /// does when the object changed since the writer read it.
+    pub conflicts: Vec<(String, String)>,
+    /// Number of coming watch requests that get an expired (410) error event.
+    pub expire_watches: u32,
+    /// Watches from a resourceVersion below this get `410 Expired` (set by a restart).
+    pub oldest_watchable: u64,
+    /// `410 Expired` answers sent to watches so far.
+    pub expired_sent: u32,
 }
 
+impl Store {
+    /// An object.
+    pub fn get(&self, plural: &str, ns: &str, name: &str) -> Option<&Value> {
+        self.objects.get(&(plural.into(), ns.into(), name.into()))
+    }
+
+    /// Every object of a collection.
+    pub fn all(&self, plural: &str) -> Vec<&Value> {
+        self.objects.iter().filter(|((p, _, _), _)| p == plural).map(|(_, v)| v).collect()
+    }
+
+    /// Stores `object` under `key`, bumping the resourceVersion and logging the change.
+    pub fn put(&mut self, key: Key, mut object: Value) -> Value {
+        self.rv += 1;
+        let kind = if self.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("uid-{}-{}-{}", key.0, key.1, key.2));
+        }
+        if object["metadata"]["creationTimestamp"].is_null() {
+            object["metadata"]["creationTimestamp"] = json!(now_rfc3339());
+        }
+        self.objects.insert(key.clone(), object.clone());
+        self.changes.push(Change { rv: self.rv, kind, key, object: object.clone() });
+        object
+    }
+
+    /// Deletes an object (a DELETED watch event); returns it.
+    pub fn delete(&mut self, key: &Key) -> Option<Value> {
+        let old = self.objects.remove(key)?;
+        self.rv += 1;
+        self.changes.push(Change { rv: self.rv, kind: "DELETED", key: key.clone(), object: old.clone() });
+        Some(old)
+    }
+}
+
+/// Now in RFC 3339 (seconds), as the API server writes times.
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+#[derive(Clone)]
+struct Shared {
+    store: Arc<Mutex<Store>>,
+    signals: broadcast::Sender<Signal>,
+}
+
+/// What wakes the watches.
 #[derive(Clone, Copy, Debug)]
 enum Signal {
     Changed,
@@ -90,36 +188,34 @@ enum Signal {
 pub struct ApiServer {
     /// Listening port on 127.0.0.1.
     pub port: u16,
+    /// The node an agent's test started it with (empty for a cluster test).
+    node: String,
     shared: Shared,
     /// The serving runtime; `None` while the server is down.
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
-fn meta(s: &ApiState) -> Value {
-    json!({
-        "name": s.node,
-        "uid": "0a0b0c0d-0000-4000-8000-000000000001",
-        "resourceVersion": s.rv.to_string(),
-        "labels": s.labels,
-        "annotations": s.annotations,
-    })
-}
-
-fn node_object(s: &ApiState, metadata_only: bool) -> Value {
-    if metadata_only {
-        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta(s)})
-    } else {
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": meta(s), "spec": {}, "status": {}})
-    }
-}
-
-fn other_node(name: &str, annotations: &BTreeMap<String, String>, rv: u64, metadata_only: bool) -> Value {
-    let meta = json!({"name": name, "uid": format!("uid-{name}"), "resourceVersion": rv.to_string(), "annotations": annotations});
-    if metadata_only {
-        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta})
-    } else {
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": {}, "status": {}})
-    }
+/// What an agent's test reads of its node and of the server, at one moment.
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    /// Node labels.
+    pub labels: BTreeMap<String, String>,
+    /// Node annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// Every Event as written (each create and each patch), in order.
+    pub events: Vec<Value>,
+    /// Every node PATCH body accepted, in order.
+    pub patches: Vec<Value>,
+    /// Every request: (method, path?query).
+    pub requests: Vec<(String, String)>,
+    /// Who sent each request, in order.
+    pub identities: Vec<Identity>,
+    /// Per node label or annotation key: the field manager of the last write to it.
+    pub last_writer: BTreeMap<String, String>,
+    /// `410 Expired` answers sent to watches so far.
+    pub expired_sent: u32,
+    /// Current resourceVersion.
+    pub rv: u64,
 }
 
 pub fn status(code: u16, reason: &str, message: &str) -> Response {
@@ -154,24 +250,6 @@ fn urlencoding_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn merge_map(target: &mut BTreeMap<String, String>, patch: &Value) {
-    if let Value::Object(m) = patch {
-        for (k, v) in m {
-            match v {
-                Value::Null => {
-                    target.remove(k);
-                }
-                Value::String(s) => {
-                    target.insert(k.clone(), s.clone());
-                }
-                other => {
-                    target.insert(k.clone(), other.to_string());
-                }
-            }
-        }
-    }
-}
-
 pub fn apply_map(
     target: &mut BTreeMap<String, String>,
     owned: &mut BTreeSet<String>,
@@ -189,6 +267,58 @@ pub fn apply_map(
     target.extend(new);
 }
 
+/// Where a request points.
+struct Target {
+    plural: String,
+    apiversion: &'static str,
+    kind: &'static str,
+    ns: Option<String>,
+    name: Option<String>,
+}
+
+fn route(path: &str) -> Option<Target> {
+    let rest = path.strip_prefix("/api/v1/").or_else(|| GROUPS.iter().find_map(|p| path.strip_prefix(p)))?;
+    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let (ns, plural, name) = match parts.as_slice() {
+        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural, None),
+        ["namespaces", ns, plural, name] => (Some(ns.to_string()), *plural, Some(name.to_string())),
+        [plural] => (None, *plural, None),
+        [plural, name] => (None, *plural, Some(name.to_string())),
+        _ => return None,
+    };
+    let &(p, apiversion, kind, namespaced) = KINDS.iter().find(|(p, ..)| *p == plural)?;
+    if !namespaced && ns.is_some() {
+        return None;
+    }
+    Some(Target { plural: p.into(), apiversion, kind, ns, name })
+}
+
+fn field(v: &Value, path: &str) -> String {
+    let mut cur = v;
+    for part in path.split('.') {
+        cur = &cur[part];
+    }
+    cur.as_str().unwrap_or("").to_string()
+}
+
+/// Whether `v` passes a `fieldSelector` of `a=b` terms (`metadata.name`, `spec.nodeName`, …).
+fn selected(v: &Value, selector: Option<&String>) -> bool {
+    selector.is_none_or(|sel| {
+        sel.split(',').filter(|t| !t.is_empty()).all(|term| match term.split_once("!=") {
+            Some((k, want)) => field(v, k) != want,
+            None => term.split_once('=').is_some_and(|(k, want)| field(v, k.trim_end_matches('=')) == want),
+        })
+    })
+}
+
+fn metadata_only(v: &Value) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": v["metadata"]})
+}
+
+fn in_scope(t: &Target, key: &Key) -> bool {
+    key.0 == t.plural && t.ns.as_ref().is_none_or(|ns| &key.1 == ns)
+}
+
 async fn handle(
     axum::extract::State(sh): axum::extract::State<Shared>,
     method: Method,
@@ -198,114 +328,183 @@ async fn handle(
 ) -> Response {
     let q = query(&uri);
     let path = uri.path().to_string();
-    let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let partial = accept.contains("as=PartialObjectMetadata");
     let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let metadata_only = accept.contains("as=PartialObjectMetadata");
     let watch = q.get("watch").is_some_and(|v| v == "true" || v == "1");
+    let manager = q.get("fieldManager").cloned();
     {
-        let mut s = sh.state.lock().unwrap();
+        let mut s = sh.store.lock().unwrap();
+        let user = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_string);
         s.requests.push((method.to_string(), uri.to_string()));
         s.identities.push(Identity {
             method: method.to_string(),
             path: path.clone(),
             user_agent: headers.get("user-agent").and_then(|v| v.to_str().ok()).map(str::to_string),
-            field_manager: q.get("fieldManager").cloned(),
+            field_manager: manager.clone(),
+            user,
         });
         if !watch {
             if let Some(code) = s.fail_next.pop_front() {
                 return status(code, "InternalError", "injected failure");
             }
         }
+        if let Some(i) = s.fail.iter().position(|(m, p, _)| *m == method.as_str() && path.starts_with(p.as_str())) {
+            let (_, _, code) = s.fail.remove(i);
+            return status(code, "InternalError", "injected failure");
+        }
+        if method == Method::PATCH {
+            let hit = s
+                .conflicts
+                .iter()
+                .position(|(m, p)| manager.as_deref() == Some(m.as_str()) && path.starts_with(p.as_str()));
+            if let Some(i) = hit {
+                s.conflicts.remove(i);
+                return status(409, "Conflict", "Operation cannot be fulfilled: the object has been modified");
+            }
+        }
     }
-    let node_path = path.strip_prefix("/api/v1/nodes").map(|r| r.trim_start_matches('/').to_string());
-    match (method.as_str(), node_path.as_deref(), path.as_str()) {
-        ("GET", Some(""), _) if watch => watch_nodes(sh, &q, metadata_only),
-        ("GET", Some(""), _) => {
-            let s = sh.state.lock().unwrap();
-            let wanted = q.get("fieldSelector").map(|f| f == &format!("metadata.name={}", s.node)).unwrap_or(true);
-            let mut items: Vec<Value> = if wanted { vec![node_object(&s, metadata_only)] } else { vec![] };
-            let selected = |name: &str| q.get("fieldSelector").is_none_or(|f| f == &format!("metadata.name={name}"));
-            items.extend(
-                s.other_nodes.iter().filter(|(n, _)| selected(n)).map(|(n, a)| other_node(n, a, s.rv, metadata_only)),
-            );
-            let (api, kind) =
-                if metadata_only { ("meta.k8s.io/v1", "PartialObjectMetadataList") } else { ("v1", "NodeList") };
-            axum::Json(json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})).into_response()
+    let Some(t) = route(&path) else {
+        return status(404, "NotFound", &format!("{method} {path} is not served by the test API server"));
+    };
+    let ns = t.ns.clone().unwrap_or_default();
+    match (method.as_str(), &t.name) {
+        ("GET", None) if watch => watch_collection(sh, t, &q, partial),
+        ("GET", None) => {
+            let s = sh.store.lock().unwrap();
+            let items: Vec<Value> = s
+                .objects
+                .iter()
+                .filter(|(k, v)| in_scope(&t, k) && selected(v, q.get("fieldSelector")))
+                .map(|(_, v)| if partial { metadata_only(v) } else { v.clone() })
+                .collect();
+            let (api, kind) = if partial {
+                ("meta.k8s.io/v1".to_string(), "PartialObjectMetadataList".to_string())
+            } else {
+                (t.apiversion.to_string(), format!("{}List", t.kind))
+            };
+            axum::Json(json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}))
+                .into_response()
         }
-        ("GET", Some(name), _) => {
-            let s = sh.state.lock().unwrap();
-            if let Some(a) = s.other_nodes.get(name) {
-                return axum::Json(other_node(name, a, s.rv, metadata_only)).into_response();
+        ("GET", Some(name)) => {
+            let s = sh.store.lock().unwrap();
+            match s.get(&t.plural, &ns, name) {
+                Some(v) => axum::Json(if partial { metadata_only(v) } else { v.clone() }).into_response(),
+                None => status(404, "NotFound", &format!("{} \"{name}\" not found", t.plural)),
             }
-            if name != s.node {
-                return status(404, "NotFound", "node not found");
-            }
-            axum::Json(node_object(&s, metadata_only)).into_response()
         }
-        ("PATCH", Some(name), _) => {
-            let patch: Value = match serde_json::from_slice(&body) {
+        ("POST", None) => {
+            let mut obj: Value = match serde_json::from_slice(&body) {
                 Ok(v) => v,
                 Err(e) => return status(400, "BadRequest", &e.to_string()),
             };
             let out = {
-                let mut s = sh.state.lock().unwrap();
-                if name != s.node {
-                    return status(404, "NotFound", "node not found");
+                let mut s = sh.store.lock().unwrap();
+                if obj["metadata"]["name"].is_null() {
+                    let base = obj["metadata"]["generateName"].as_str().unwrap_or("obj-").to_string();
+                    obj["metadata"]["name"] = json!(format!("{base}{}", s.rv + 1));
                 }
-                s.patches.push(patch.clone());
-                let md = &patch["metadata"];
-                let writer = q.get("fieldManager").cloned().unwrap_or_else(|| "unknown".into());
-                for part in ["labels", "annotations"] {
-                    for k in md[part].as_object().into_iter().flat_map(|m| m.keys()) {
-                        s.last_writer.insert(k.clone(), writer.clone());
-                    }
+                let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let key = (t.plural.clone(), ns.clone(), name.clone());
+                if s.objects.contains_key(&key) {
+                    return status(409, "AlreadyExists", &format!("{} \"{name}\" already exists", t.plural));
                 }
-                if content_type.starts_with("application/apply-patch") {
-                    let manager = q.get("fieldManager").cloned().unwrap_or_default();
-                    if manager.is_empty() {
-                        return status(400, "BadRequest", "fieldManager is required for apply patch");
-                    }
-                    let ApiState { labels, annotations, managed, .. } = &mut *s;
-                    let owned = managed.entry(manager).or_default();
-                    apply_map(labels, &mut owned.0, md["labels"].as_object());
-                    apply_map(annotations, &mut owned.1, md["annotations"].as_object());
-                } else {
-                    merge_map(&mut s.labels, &md["labels"]);
-                    merge_map(&mut s.annotations, &md["annotations"]);
+                obj["apiVersion"] = json!(t.apiversion);
+                obj["kind"] = json!(t.kind);
+                if t.ns.is_some() {
+                    obj["metadata"]["namespace"] = json!(ns);
                 }
-                s.rv += 1;
-                node_object(&s, metadata_only)
+                s.put(key, obj)
             };
-            let _ = sh.changes.send(Signal::Changed);
+            let _ = sh.signals.send(Signal::Changed);
+            (StatusCode::CREATED, axum::Json(out)).into_response()
+        }
+        ("PUT" | "PATCH", Some(name)) => {
+            let body: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => return status(400, "BadRequest", &e.to_string()),
+            };
+            let out = {
+                let mut s = sh.store.lock().unwrap();
+                let key = (t.plural.clone(), ns.clone(), name.clone());
+                let Some(cur) = s.objects.get(&key).cloned() else {
+                    return status(404, "NotFound", &format!("{} \"{name}\" not found", t.plural));
+                };
+                if method == Method::PATCH {
+                    s.patches.push((key.clone(), body.clone()));
+                    let writer = manager.clone().unwrap_or_else(|| "unknown".into());
+                    for part in ["labels", "annotations"] {
+                        for k in body["metadata"][part].as_object().into_iter().flat_map(|m| m.keys()) {
+                            s.last_writer.insert((key.clone(), k.clone()), writer.clone());
+                        }
+                    }
+                }
+                let want_rv = body["metadata"]["resourceVersion"].as_str();
+                if want_rv.is_some_and(|rv| Some(rv) != cur["metadata"]["resourceVersion"].as_str()) {
+                    return status(
+                        409,
+                        "Conflict",
+                        &format!(
+                            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified",
+                            t.plural
+                        ),
+                    );
+                }
+                let next = if method == Method::PUT {
+                    let mut next = body.clone();
+                    next["metadata"]["uid"] = cur["metadata"]["uid"].clone();
+                    next["metadata"]["creationTimestamp"] = cur["metadata"]["creationTimestamp"].clone();
+                    next
+                } else if content_type.starts_with("application/apply-patch") {
+                    let Some(m) = manager.clone().filter(|m| !m.is_empty()) else {
+                        return status(400, "BadRequest", "fieldManager is required for apply patch");
+                    };
+                    let mut next = cur.clone();
+                    let owned = s.managed.entry((key.clone(), m)).or_default();
+                    for (part, set) in [("labels", &mut owned.0), ("annotations", &mut owned.1)] {
+                        let mut map: BTreeMap<String, String> =
+                            serde_json::from_value(next["metadata"][part].clone()).unwrap_or_default();
+                        apply_map(&mut map, set, body["metadata"][part].as_object());
+                        next["metadata"][part] = json!(map);
+                    }
+                    next
+                } else {
+                    let mut next = cur.clone();
+                    let mut patch = body.clone();
+                    if let Some(m) = patch["metadata"].as_object_mut() {
+                        m.remove("resourceVersion");
+                    }
+                    merge(&mut next, &patch);
+                    next
+                };
+                s.put(key, next)
+            };
+            let _ = sh.signals.send(Signal::Changed);
             axum::Json(out).into_response()
         }
-        ("GET", None, "/api/v1/pods") => {
-            let s = sh.state.lock().unwrap();
-            axum::Json(json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": s.rv.to_string()}, "items": s.pods})).into_response()
-        }
-        ("POST", None, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
-            let mut ev: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if ev["metadata"]["name"].is_null() {
-                ev["metadata"]["name"] = json!(format!("gpupart.{}", sh.state.lock().unwrap().events.len()));
+        ("DELETE", Some(name)) => {
+            let old = sh.store.lock().unwrap().delete(&(t.plural.clone(), ns.clone(), name.clone()));
+            let _ = sh.signals.send(Signal::Changed);
+            match old {
+                Some(v) => axum::Json(v).into_response(),
+                None => status(404, "NotFound", &format!("{} \"{name}\" not found", t.plural)),
             }
-            sh.state.lock().unwrap().events.push(ev.clone());
-            (StatusCode::CREATED, axum::Json(ev)).into_response()
         }
-        ("PATCH", None, p) if p.starts_with("/apis/events.k8s.io/v1/namespaces/") => {
-            let ev: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            sh.state.lock().unwrap().events.push(ev.clone());
-            axum::Json(ev).into_response()
-        }
-        _ => status(404, "NotFound", &format!("{method} {path} is not served by the test API server")),
+        _ => status(405, "MethodNotAllowed", &format!("{method} {path} is not served by the test API server")),
     }
 }
 
-fn watch_nodes(sh: Shared, q: &HashMap<String, String>, metadata_only: bool) -> Response {
+fn watch_collection(sh: Shared, t: Target, q: &HashMap<String, String>, partial: bool) -> Response {
     let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
-    let mut rx = sh.changes.subscribe();
+    let selector = q.get("fieldSelector").cloned();
+    let mut rx = sh.signals.subscribe();
     let expired = {
-        let mut s = sh.state.lock().unwrap();
+        let mut s = sh.store.lock().unwrap();
         let e = s.expire_watches > 0 || (from > 0 && from < s.oldest_watchable);
         s.expire_watches = s.expire_watches.saturating_sub(1);
         s.expired_sent += u32::from(e);
@@ -320,21 +519,26 @@ fn watch_nodes(sh: Shared, q: &HashMap<String, String>, metadata_only: bool) -> 
         }
         let mut sent = from;
         loop {
-            let ev = {
-                let s = sh.state.lock().unwrap();
-                (s.rv > sent).then(|| {
-                    sent = s.rv;
-                    json!({"type": "MODIFIED", "object": node_object(&s, metadata_only)})
-                })
+            let batch: Vec<Value> = {
+                let s = sh.store.lock().unwrap();
+                let out = s
+                    .changes
+                    .iter()
+                    .filter(|c| c.rv > sent && in_scope(&t, &c.key) && selected(&c.object, selector.as_ref()))
+                    .map(|c| json!({"type": c.kind, "object": if partial { metadata_only(&c.object) } else { c.object.clone() }}))
+                    .collect();
+                sent = s.rv;
+                out
             };
-            if let Some(ev) = ev {
+            for ev in batch {
                 if tx.send(line(ev)).await.is_err() {
                     return;
                 }
-            } else if bookmarks {
-                let rv = sh.state.lock().unwrap().rv;
-                let kind = if metadata_only { "PartialObjectMetadata" } else { "Node" };
-                let api = if metadata_only { "meta.k8s.io/v1" } else { "v1" };
+            }
+            if bookmarks {
+                let rv = sh.store.lock().unwrap().rv;
+                let kind = if partial { "PartialObjectMetadata" } else { t.kind };
+                let api = if partial { "meta.k8s.io/v1" } else { t.apiversion };
                 let bm = json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api, "metadata": {"resourceVersion": rv.to_string()}}});
                 if tx.send(line(bm)).await.is_err() {
                     return;
@@ -382,14 +586,25 @@ fn serve(runtime: &tokio::runtime::Runtime, shared: &Shared, port: u16) -> u16 {
 }
 
 impl ApiServer {
-    /// Starts a server for a node called `node`.
+    /// Starts an empty server.
+    pub fn empty() -> Self {
+        Self::serving(String::new())
+    }
+
+    /// Starts a server holding one node called `node`, as an agent's test needs.
     pub fn start(node: &str) -> Self {
+        let api = Self::serving(node.to_string());
+        let object = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": NODE_UID}, "spec": {}, "status": {}});
+        api.put("nodes", object);
+        api
+    }
+
+    fn serving(node: String) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let state = Arc::new(Mutex::new(ApiState { node: node.to_string(), rv: 1, ..Default::default() }));
-        let (changes, _) = broadcast::channel(64);
-        let shared = Shared { state, changes };
+        let (signals, _) = broadcast::channel(256);
+        let shared = Shared { store: Arc::new(Mutex::new(Store { rv: 1, ..Store::default() })), signals };
         let port = serve(&runtime, &shared, 0);
-        Self { port, shared, runtime: Mutex::new(Some(runtime)) }
+        Self { port, node, shared, runtime: Mutex::new(Some(runtime)) }
     }
 
     /// Stops answering, as a stopped API server: every open connection is dropped and new ones
@@ -404,7 +619,7 @@ impl ApiServer {
     /// and watches from before the restart get `410 Expired` (etcd compacted them away).
     pub fn come_back(&self) {
         {
-            let mut s = self.state();
+            let mut s = self.store();
             s.rv += 5;
             s.oldest_watchable = s.rv;
         }
@@ -413,59 +628,185 @@ impl ApiServer {
         *self.runtime.lock().unwrap() = Some(runtime);
     }
 
-    /// Locks the state for reading or changing it directly.
-    pub fn state(&self) -> std::sync::MutexGuard<'_, ApiState> {
-        self.shared.state.lock().unwrap()
-    }
-
-    fn changed(&self) {
-        self.state().rv += 1;
-        let _ = self.shared.changes.send(Signal::Changed);
-    }
-
-    /// `kubectl label node N key=value --overwrite` (or removal with `None`).
-    pub fn label(&self, key: &str, value: Option<&str>) {
-        match value {
-            Some(v) => self.state().labels.insert(key.into(), v.into()),
-            None => self.state().labels.remove(key),
-        };
-        self.changed();
-    }
-
-    /// `kubectl annotate node N key=value --overwrite` (or removal with `None`).
-    pub fn annotate(&self, key: &str, value: Option<&str>) {
-        match value {
-            Some(v) => self.state().annotations.insert(key.into(), v.into()),
-            None => self.state().annotations.remove(key),
-        };
-        self.changed();
-    }
-
-    /// A node label's current value.
-    pub fn get_label(&self, key: &str) -> Option<String> {
-        self.state().labels.get(key).cloned()
-    }
-
     /// Closes every open watch stream (as a proxy or API server restart would).
     pub fn drop_watches(&self) {
-        let _ = self.shared.changes.send(Signal::DropWatches);
+        let _ = self.shared.signals.send(Signal::DropWatches);
     }
 
-    /// Number of write requests (PATCH, POST, PUT, DELETE) seen so far.
-    pub fn writes(&self) -> usize {
-        self.state().requests.iter().filter(|(m, _)| m != "GET").count()
+    /// Answers the next non-watch requests with these status codes.
+    pub fn fail_next(&self, codes: impl IntoIterator<Item = u16>) {
+        self.store().fail_next.extend(codes);
     }
 
-    /// Adds a further (read-only) node with these annotations.
-    #[allow(dead_code)]
-    pub fn add_node(&self, name: &str, annotations: &[(&str, &str)]) {
-        let a = annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        self.state().other_nodes.insert(name.to_string(), a);
+    /// Answers the next `n` watch requests with `410 Expired`.
+    pub fn expire_watches(&self, n: u32) {
+        self.store().expire_watches += n;
+    }
+
+    /// Locks the store.
+    pub fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.shared.store.lock().unwrap()
+    }
+
+    /// Changes the store and wakes the watches.
+    pub fn change<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
+        let r = f(&mut self.store());
+        let _ = self.shared.signals.send(Signal::Changed);
+        r
+    }
+
+    /// Creates (or replaces) an object from its JSON; `plural` names the collection.
+    pub fn put(&self, plural: &str, object: Value) {
+        let ns = object["metadata"]["namespace"].as_str().unwrap_or("").to_string();
+        let name = object["metadata"]["name"].as_str().unwrap_or("").to_string();
+        self.change(|s| s.put((plural.into(), ns, name), object));
+    }
+
+    /// Deletes an object, as `kubectl delete` does (watchers see DELETED).
+    pub fn delete(&self, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        self.change(|s| s.delete(&(plural.into(), ns.into(), name.into())))
+    }
+
+    /// An object's current JSON.
+    pub fn get(&self, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        self.store().get(plural, ns, name).cloned()
+    }
+
+    /// A node label.
+    pub fn node_label(&self, node: &str, key: &str) -> Option<String> {
+        self.get("nodes", "", node).and_then(|n| n["metadata"]["labels"][key].as_str().map(str::to_string))
+    }
+
+    /// Every Event's (regarding name, reason, note).
+    pub fn events(&self) -> Vec<(String, String, String)> {
+        self.store()
+            .all("events")
+            .iter()
+            .map(|e| {
+                let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+                (s(&e["regarding"]["name"]), s(&e["reason"]), s(&e["note"]))
+            })
+            .collect()
+    }
+
+    /// Writes requests with a field manager (what audit logs attribute), by manager:
+    /// (method, path).
+    pub fn writes_by(&self, manager: &str) -> Vec<(String, String)> {
+        let s = self.store();
+        s.identities
+            .iter()
+            .filter(|i| i.is_write() && i.field_manager.as_deref() == Some(manager))
+            .map(|i| (i.method.clone(), i.path.clone()))
+            .collect()
+    }
+
+    /// Writes a kubeconfig into `dir` that authenticates as `user` (a bearer token the server
+    /// records with each request) and returns its path.
+    pub fn kubeconfig_as(&self, dir: &Path, user: &str) -> PathBuf {
+        kubeconfig_with(self.port, &dir.join(format!("kubeconfig-{user}")), &format!("{{token: {user}}}"))
+    }
+
+    /// Every request made as `user`: (method, path?query).
+    pub fn requests_by(&self, user: &str) -> Vec<(String, String)> {
+        let s = self.store();
+        s.requests
+            .iter()
+            .zip(&s.identities)
+            .filter(|(_, i)| i.user.as_deref() == Some(user))
+            .map(|(r, _)| r.clone())
+            .collect()
     }
 
     /// Writes a kubeconfig for this server into `dir` and returns its path.
     pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
         kubeconfig_for(self.port, dir)
+    }
+
+    /// Number of write requests (PATCH, POST, PUT, DELETE) seen so far.
+    pub fn writes(&self) -> usize {
+        self.store().identities.iter().filter(|i| i.is_write()).count()
+    }
+
+    fn node_key(&self) -> Key {
+        ("nodes".into(), String::new(), self.node.clone())
+    }
+
+    /// Labels or annotations (`part`) of an object.
+    fn string_map(object: Option<&Value>, part: &str) -> BTreeMap<String, String> {
+        object.and_then(|o| serde_json::from_value(o["metadata"][part].clone()).ok()).unwrap_or_default()
+    }
+
+    /// Sets or removes one label or annotation of the node, as `kubectl` does.
+    fn set_node_key(&self, part: &str, key: &str, value: Option<&str>) {
+        let k = self.node_key();
+        self.change(|s| {
+            let mut node = s.objects.get(&k).cloned().expect("the test's node");
+            match value {
+                Some(v) => node["metadata"][part][key] = json!(v),
+                None => {
+                    if let Some(m) = node["metadata"][part].as_object_mut() {
+                        m.remove(key);
+                    }
+                }
+            }
+            s.put(k, node);
+        });
+    }
+
+    /// What an agent's test reads: its node's labels and annotations, Events, patches and the
+    /// request log, at this moment.
+    pub fn state(&self) -> NodeState {
+        let key = self.node_key();
+        // One lock for the whole snapshot: labels and annotations are read as one write left them.
+        let s = self.store();
+        let node = s.objects.get(&key);
+        NodeState {
+            labels: Self::string_map(node, "labels"),
+            annotations: Self::string_map(node, "annotations"),
+            events: s
+                .changes
+                .iter()
+                .filter(|c| c.key.0 == "events" && c.kind != "DELETED")
+                .map(|c| c.object.clone())
+                .collect(),
+            patches: s.patches.iter().filter(|(k, _)| *k == key).map(|(_, p)| p.clone()).collect(),
+            requests: s.requests.clone(),
+            identities: s.identities.clone(),
+            last_writer: s
+                .last_writer
+                .iter()
+                .filter(|((k, _), _)| *k == key)
+                .map(|((_, l), w)| (l.clone(), w.clone()))
+                .collect(),
+            expired_sent: s.expired_sent,
+            rv: s.rv,
+        }
+    }
+
+    /// `kubectl label node N key=value --overwrite` (or removal with `None`).
+    pub fn label(&self, key: &str, value: Option<&str>) {
+        self.set_node_key("labels", key, value);
+    }
+
+    /// `kubectl annotate node N key=value --overwrite` (or removal with `None`).
+    pub fn annotate(&self, key: &str, value: Option<&str>) {
+        self.set_node_key("annotations", key, value);
+    }
+
+    /// A node label's current value.
+    pub fn get_label(&self, key: &str) -> Option<String> {
+        self.node_label(&self.node, key)
+    }
+
+    /// Adds a further node with these annotations.
+    pub fn add_node(&self, name: &str, annotations: &[(&str, &str)]) {
+        let a: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+        self.put("nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": a}, "spec": {}, "status": {}}));
+    }
+
+    /// Every pod.
+    pub fn pods(&self) -> Vec<Value> {
+        self.store().all("pods").into_iter().cloned().collect()
     }
 }
 

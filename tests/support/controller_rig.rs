@@ -2,7 +2,7 @@
 //! agent per node (fake NVML, config from the layouts ConfigMap through the API), the binding
 //! stand-in, and controllers started on demand — every process the real binary, killed on drop.
 
-use super::cluster_api::ClusterApi;
+use super::apiserver::ApiServer;
 use super::scheduler::Scheduler;
 use super::{Backend, Node};
 use serde_json::{json, Value};
@@ -22,7 +22,7 @@ pub use super::kube_agent::Agent as Proc;
 /// The cluster.
 pub struct Rig {
     /// The API server.
-    pub api: Arc<ClusterApi>,
+    pub api: Arc<ApiServer>,
     /// Simulated GPUs per node name.
     pub nodes: BTreeMap<String, Arc<Node>>,
     /// The binding stand-in.
@@ -39,7 +39,7 @@ impl Rig {
     /// `names.len()` nodes of `spec` GPUs (`A100-SXM4-80GB:2`), each asked for `layout`, with
     /// agents running and settled.
     pub fn start(spec: &str, names: &[&str], layout: &str) -> Self {
-        let api = Arc::new(ClusterApi::start());
+        let api = Arc::new(ApiServer::empty());
         let dir = tempfile::tempdir().unwrap();
         api.put(
             "configmaps",
@@ -193,7 +193,7 @@ pub fn deployment_args() -> Vec<String> {
     args[1..].iter().map(|a| a.as_str().unwrap().to_string()).collect()
 }
 
-fn spawn_agent(api: &ClusterApi, node: &Node, name: &str) -> Proc {
+fn spawn_agent(api: &ApiServer, node: &Node, name: &str) -> Proc {
     // Agents authenticate as `agent` (the RBAC test reads their requests).
     let kubeconfig = api.kubeconfig_as(node.dir.path(), "agent");
     let d = |p: &str| node.dir.path().join(p).to_str().unwrap().to_string();

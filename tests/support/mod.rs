@@ -4,7 +4,6 @@
 
 pub mod apiserver;
 pub mod baremetal;
-pub mod cluster_api;
 pub mod controller_rig;
 pub mod kube_agent;
 pub mod kubelet;

@@ -6,7 +6,7 @@
 //! reconfiguring are skipped (NVIDIA's device plugin is paused then), and the dedicated taint
 //! keeps pods without its toleration away. Deleting a pod stops its processes.
 
-use super::cluster_api::{now_rfc3339, ClusterApi};
+use super::apiserver::{now_rfc3339, ApiServer};
 use super::Node;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -85,7 +85,7 @@ fn free(node: &Value, name: &str, resource: &str, given: &BTreeMap<String, Vec<D
 
 impl Scheduler {
     /// Starts binding pods on `api`'s nodes; `nodes` maps node names to their simulated GPUs.
-    pub fn start(api: Arc<ClusterApi>, nodes: BTreeMap<String, Arc<Node>>) -> Self {
+    pub fn start(api: Arc<ApiServer>, nodes: BTreeMap<String, Arc<Node>>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let given: Arc<Mutex<BTreeMap<String, Vec<Device>>>> = Arc::default();
         let (s, g) = (stop.clone(), given.clone());
@@ -122,7 +122,7 @@ fn process(node: &Node, d: &Device, pid: u32, on: bool) {
     node.save(&s);
 }
 
-fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTreeMap<String, Vec<Device>>>) {
+fn step(api: &ApiServer, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTreeMap<String, Vec<Device>>>) {
     let (pods, kube_nodes) = {
         let s = api.store();
         (
@@ -219,7 +219,7 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
                 api.change(|s| {
                     let key = ("pods".to_string(), ns, name);
                     if let Some(mut cur) = s.objects.get(&key).cloned() {
-                        super::cluster_api::merge(&mut cur, &patch);
+                        super::apiserver::merge(&mut cur, &patch);
                         s.put(key, cur);
                     }
                 });
@@ -236,7 +236,7 @@ fn step(api: &ClusterApi, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTr
                     api.change(|s| {
                         let key = ("pods".to_string(), ns, name);
                         if let Some(mut cur) = s.objects.get(&key).cloned() {
-                            super::cluster_api::merge(&mut cur, &patch);
+                            super::apiserver::merge(&mut cur, &patch);
                             s.put(key, cur);
                         }
                     });

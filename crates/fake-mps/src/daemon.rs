@@ -6,8 +6,8 @@
 //! are read and logged but never answered). To make it die, kill the pid in the pid file. It
 //! exits by itself when its pipe directory is removed.
 
+use crate::paths::{log_dir, pipe_dir, PID_FILE, SOCKET};
 use crate::reply::{self, State};
-use crate::{log_dir, pipe_dir, PID_FILE, SOCKET};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;

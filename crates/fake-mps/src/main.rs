@@ -7,27 +7,14 @@
 //! runs. See README.md for the commands it serves and how tests steer it.
 
 mod daemon;
+mod paths;
 mod reply;
+
+use paths::{pipe_dir, SOCKET};
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::process::ExitCode;
-
-/// The socket the daemon listens on, inside the pipe directory.
-pub const SOCKET: &str = "control";
-/// The pid file, inside the pipe directory.
-pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
-
-/// `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`).
-pub fn pipe_dir() -> PathBuf {
-    std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from)
-}
-
-/// `CUDA_MPS_LOG_DIRECTORY` (default `/var/log/nvidia-mps`).
-pub fn log_dir() -> PathBuf {
-    std::env::var_os("CUDA_MPS_LOG_DIRECTORY").map_or_else(|| PathBuf::from("/var/log/nvidia-mps"), PathBuf::from)
-}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,7 +1,7 @@
 //! Ampere models: A100 (40 GB and 80 GB, SXM4 and PCIe), A800, PG506 and A30. Sources:
 //! mig-hardware.md §1 and §3.1–3.3.
 
-use super::{eng, gi, mig_model, Arch, GiSpec, Model};
+use super::model::{eng, gi, mig_model, Arch, GiSpec, Model};
 
 const AMPERE: ((u32, u32), Arch) = ((8, 0), Arch::Ampere);
 

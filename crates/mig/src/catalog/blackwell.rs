@@ -4,7 +4,7 @@
 //! `<GB>` fixes the memory fraction, see name.rs) and is UNV: memory sizes are chosen inside the
 //! band that yields the published names, SM counts and engines follow the guide's fractions.
 
-use super::{eng, gi, mig_model, Arch, GiSpec, Model};
+use super::model::{eng, gi, mig_model, Arch, GiSpec, Model};
 
 const BLACKWELL: ((u32, u32), Arch) = ((10, 0), Arch::Blackwell);
 const BLACKWELL_ULTRA: ((u32, u32), Arch) = ((10, 3), Arch::Blackwell);

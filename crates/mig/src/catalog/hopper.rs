@@ -1,7 +1,7 @@
 //! Hopper models: H100 (SXM5, PCIe, NVL, 96 GB), H800, H20, H200 (SXM, NVL) and GH200.
 //! Sources: mig-hardware.md §1 and §3.4–3.7.
 
-use super::{eng, gi, mig_model, Arch, GiSpec, Model};
+use super::model::{eng, gi, mig_model, Arch, GiSpec, Model};
 
 const HOPPER: ((u32, u32), Arch) = ((9, 0), Arch::Hopper);
 

@@ -1,7 +1,7 @@
 //! GPUs without MIG (Pascal, Volta, Turing, Ampere GA102, Ada). MPS is their sharing mechanism.
 //! Total memory values are UNV (typical `nvidia-smi` figures).
 
-use super::{Arch, Model};
+use super::model::{Arch, Model};
 
 const fn plain(
     id: &'static str,

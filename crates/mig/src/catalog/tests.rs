@@ -1,5 +1,6 @@
 use super::*;
 use crate::capacity::Occupancy;
+use crate::profile::ProfileTable;
 use std::collections::BTreeSet;
 
 fn names(model: &str) -> Vec<String> {

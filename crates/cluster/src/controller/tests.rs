@@ -1,0 +1,317 @@
+//! Batch decisions on small clusters built from fixtures.
+
+use super::decide::{decide, Kind, Options, World};
+use super::nodes::{GpuNode, CHANGED_AT, RECLAIM_LAYOUT};
+use super::pods::{GpuPod, Resource, Standing};
+use crate::fleet::report::{GpuSpec, LAYOUT_LABEL, POOL_LABEL};
+use crate::keys::{STATE_LABEL, STATE_LAYOUT};
+use std::collections::BTreeMap;
+
+const A100: &str = "A100-SXM4-80GB";
+
+/// An A100 node with one annotation item per GPU (`3g.40gb@0*,3g.40gb@4`; `off`, `off*`).
+fn node(name: &str, gpus: &[&str]) -> GpuNode {
+    let items: Vec<String> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| match *g {
+            "off" => format!(r#"{{"i":{i},"model":"{A100}","mode":"none","busy":false}}"#),
+            "off*" => format!(r#"{{"i":{i},"model":"{A100}","mode":"none","busy":true}}"#),
+            layout => {
+                let l: Vec<String> = layout.split(',').filter(|s| !s.is_empty()).map(|s| format!("\"{s}\"")).collect();
+                format!(r#"{{"i":{i},"model":"{A100}","mode":"mig","layout":[{}]}}"#, l.join(","))
+            }
+        })
+        .collect();
+    let text = format!("[{}]", items.join(","));
+    let n = super::nodes::tests::node(name, &text, &[(LAYOUT_LABEL, "all-3g.40gb"), (STATE_LABEL, "success")], false);
+    let mut n = GpuNode::read(&n).unwrap().unwrap();
+    n.annotations.insert(STATE_LAYOUT.into(), "all-3g.40gb".into());
+    n
+}
+
+fn pod(name: &str, resource: Resource, count: u32, age: i64) -> GpuPod {
+    GpuPod {
+        key: format!("serving/{name}"),
+        namespace: "serving".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        resource,
+        count,
+        standing: Standing::Unschedulable { since: Some(age) },
+        dedicated: false,
+        also: Vec::new(),
+        unserved: None,
+        constraints: Default::default(),
+        scheduler_message: None,
+        priority: 0,
+        created: Some(age),
+    }
+}
+
+fn mig(p: &str) -> Resource {
+    Resource::Mig(p.parse().unwrap())
+}
+
+fn bound(mut p: GpuPod, node: &str) -> GpuPod {
+    p.standing = Standing::Bound { node: node.into() };
+    p
+}
+
+fn run(nodes: &[GpuNode], pods: &[GpuPod], opts: &Options) -> super::decide::Outcome {
+    let idle = BTreeMap::new();
+    decide(&World { nodes, pods, config: None, now: 10_000, idle_since: &idle }, opts)
+}
+
+#[test]
+fn small_pods_on_3g_nodes_get_the_fewest_instances_changed_and_no_busy_one() {
+    let nodes = vec![
+        node("gpu-a", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0*,3g.40gb@4"]),
+        node("gpu-b", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0*,3g.40gb@4*"]),
+    ];
+    let pods: Vec<GpuPod> = (0..3).map(|i| pod(&format!("small-{i}"), mig("1g.10gb"), 1, 100 + i)).collect();
+    let out = run(&nodes, &pods, &Options::default());
+    assert_eq!(out.decisions.len(), 1, "{out:#?}");
+    let d = &out.decisions[0];
+    assert_eq!((d.node.as_str(), d.kind.clone(), d.destroyed), ("gpu-a", Kind::Repartition, 1));
+    assert_eq!(d.pods.len(), 3);
+    assert_eq!(d.change, "GPU 1: +3 1g.10gb -1 3g.40gb");
+    assert_eq!(d.specs[0], GpuSpec::Mig(vec![("3g.40gb".into(), 2)]));
+    assert_eq!(d.specs[1], GpuSpec::Mig(vec![("1g.10gb".into(), 3), ("3g.40gb".into(), 1)]));
+    assert!(out.not_served.is_empty());
+}
+
+#[test]
+fn free_space_is_used_before_anything_is_destroyed_and_placeable_pods_wait_for_the_scheduler() {
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4*"]), node("gpu-b", &["3g.40gb@0*"])];
+    let pods = vec![pod("p", mig("1g.10gb"), 2, 1)];
+    let out = run(&nodes, &pods, &Options::default());
+    let d = &out.decisions[0];
+    assert_eq!((d.node.as_str(), d.destroyed, d.created), ("gpu-b", 0, 2));
+    // A free instance of the profile exists: the scheduler can place the pod, nothing changes.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,1g.10gb@4"])];
+    let out = run(&nodes, &[pod("p", mig("1g.10gb"), 1, 1)], &Options::default());
+    assert!(out.decisions.is_empty());
+    assert_eq!(out.placeable, 1);
+}
+
+#[test]
+fn a_pod_that_no_layout_serves_says_why_naming_the_pods_in_the_way() {
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4*"])];
+    let holders =
+        vec![bound(pod("llm-3", mig("3g.40gb"), 1, 1), "gpu-a"), bound(pod("llm-4", mig("3g.40gb"), 1, 1), "gpu-a")];
+    let mut pods = holders.clone();
+    pods.push(pod("big", mig("4g.40gb"), 1, 5));
+    let out = run(&nodes, &pods, &Options::default());
+    assert!(out.decisions.is_empty());
+    assert_eq!(out.not_served.len(), 1);
+    assert_eq!(
+        out.not_served[0].reason,
+        "needs 4g.40gb; no idle GPU can host it without evicting serving/llm-3, serving/llm-4"
+    );
+    let pods = vec![pod("tiny", mig("1g.5gb"), 1, 5)];
+    let out = run(&nodes, &pods, &Options::default());
+    assert!(out.not_served[0].reason.contains("no GPU model in the cluster has that MIG profile"));
+}
+
+#[test]
+fn a_pod_asking_more_instances_than_any_node_holds_gets_the_real_reason_stably() {
+    // Two nodes of two A100s, one 3g.40gb busy on each: 7g.80gb is one per GPU, two per node.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*", ""]), node("gpu-b", &["3g.40gb@0*", ""])];
+    let pods = vec![pod("base", mig("7g.80gb"), 3, 5)];
+    let first = run(&nodes, &pods, &Options::default());
+    assert!(first.decisions.is_empty());
+    let n = &first.not_served[0];
+    assert_eq!(n.reason, "needs 3 × 7g.80gb; no node can hold 3 instances of 7g.80gb (at most 2 on one node)");
+    assert_eq!(n.kind, "too-large");
+    // The reason does not depend on what else runs: a busier cluster says the same.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*", "3g.40gb@4*"]), node("gpu-b", &["3g.40gb@0*", ""])];
+    let again = run(&nodes, &pods, &Options::default());
+    assert_eq!((again.not_served[0].kind, &again.not_served[0].reason), (n.kind, &n.reason));
+}
+
+#[test]
+fn only_nodes_a_pod_could_land_on_change_and_a_pod_blocked_elsewhere_changes_nothing() {
+    // gpu-a would be the cheaper change, but the pod selects gpu-b's label.
+    let mut a = node("gpu-a", &["3g.40gb@0,3g.40gb@4*"]);
+    let mut b = node("gpu-b", &["3g.40gb@0*,3g.40gb@4"]);
+    b.labels.insert("disk".into(), "ssd".into());
+    let mut p = pod("picky", mig("1g.10gb"), 1, 1);
+    p.constraints.node_selector.insert("disk".into(), "ssd".into());
+    let out = run(&[a.clone(), b.clone()], std::slice::from_ref(&p), &Options::default());
+    assert_eq!(out.decisions.len(), 1);
+    assert_eq!(out.decisions[0].node, "gpu-b");
+    // More CPU than any node has left: nothing changes, and the pod is told why.
+    a.room.cpu_millis = Some(32_000);
+    b.room.cpu_millis = Some(32_000);
+    b.room.cpu_requested = 30_000;
+    let mut hungry = pod("hungry", mig("1g.10gb"), 1, 1);
+    hungry.constraints.cpu_millis = 48_000;
+    hungry.scheduler_message = Some("0/2 nodes are available: 2 Insufficient cpu.".into());
+    let out = run(&[a, b], &[hungry], &Options::default());
+    assert!(out.decisions.is_empty(), "{:?}", out.decisions);
+    let n = &out.not_served[0];
+    assert_eq!(n.kind, "blocked");
+    assert_eq!(
+        n.reason,
+        "needs 1g.10gb but cannot land on any GPU node for other reasons: gpu-a: Insufficient cpu; gpu-b: Insufficient cpu (the scheduler: 0/2 nodes are available: 2 Insufficient cpu.)"
+    );
+}
+
+#[test]
+fn new_capacity_goes_to_the_pods_the_scheduler_serves_first_higher_priority_then_older() {
+    // Half an A100 is free: room for one of the two 3 × 1g.10gb pods.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4"])];
+    let old = pod("old", mig("1g.10gb"), 3, 1);
+    let mut urgent = pod("urgent", mig("1g.10gb"), 3, 2);
+    urgent.priority = 1000;
+    let out = run(&nodes, &[old.clone(), urgent], &Options::default());
+    assert_eq!(out.decisions[0].pods, vec!["serving/urgent".to_string()]);
+    // At equal priority the older one is served.
+    let younger = pod("younger", mig("1g.10gb"), 3, 2);
+    let out = run(&nodes, &[younger, old], &Options::default());
+    assert_eq!(out.decisions[0].pods, vec!["serving/old".to_string()]);
+}
+
+#[test]
+fn pods_the_controller_does_not_serve_take_new_capacity_only_where_they_could_bind() {
+    // Half an A100 is free (room for 3 × 1g.10gb); an older pod also asks for a whole GPU.
+    let mut rival = pod("rival", mig("1g.10gb"), 3, 1);
+    rival.also = vec![(Resource::Gpu, 1)];
+    rival.unserved = Some("asks for several GPU resources".into());
+    let mine = pod("mine", mig("1g.10gb"), 3, 2);
+    // No whole GPU here: the rival cannot bind, the new capacity is for `mine`.
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4"])];
+    let out = run(&nodes, &[rival.clone(), mine.clone()], &Options::default());
+    assert_eq!(out.decisions[0].pods, vec!["serving/mine".to_string()]);
+    assert!(out.not_served.iter().all(|n| n.key != "serving/rival"), "told why by the reader, not here");
+    // An idle whole GPU beside it: the older rival would take those 3 units first, so they do
+    // not count for `mine` (the controller looks further instead of promising them).
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4", "off"])];
+    let out = run(&nodes, &[rival, mine], &Options::default());
+    assert!(out.decisions.iter().all(|d| !d.pods.contains(&"serving/rival".to_string())));
+    let d = out.decisions.iter().find(|d| d.pods.contains(&"serving/mine".to_string())).expect("a change for mine");
+    assert!(d.created >= 6, "room for the rival's 3 and mine: {d:?}");
+}
+
+#[test]
+fn at_most_max_concurrent_nodes_change_and_unsettled_nodes_are_left_alone() {
+    let mut nodes: Vec<GpuNode> = (0..4).map(|i| node(&format!("gpu-{i}"), &["3g.40gb@0,3g.40gb@4"])).collect();
+    nodes[0].labels.insert(STATE_LABEL.into(), "pending".into());
+    nodes[1].annotations.insert(CHANGED_AT.into(), "9990".into());
+    let pods: Vec<GpuPod> = (0..30).map(|i| pod(&format!("s-{i}"), mig("1g.10gb"), 1, i)).collect();
+    let opts = Options { max_concurrent_nodes: 2, ..Options::default() };
+    let out = run(&nodes, &pods, &opts);
+    assert_eq!(out.decisions.len(), 1, "one slot left besides the pending node: {out:#?}");
+    let held: Vec<&str> = out.held.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(held, vec!["gpu-0", "gpu-1"]);
+    assert!(out.held[1].1.contains("cooling down"), "{:?}", out.held);
+    assert!(
+        out.not_served.iter().all(|n| n.reason.contains("waits for a reconfiguration slot")),
+        "{:?}",
+        out.not_served
+    );
+}
+
+#[test]
+fn a_tensor_parallel_pod_converts_an_idle_node_to_dedicated_and_it_comes_back_later() {
+    let nodes = vec![
+        node("gpu-a", &["3g.40gb@0*,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]),
+        node("gpu-b", &["3g.40gb@0,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]),
+    ];
+    let mut tp = pod("tp2", Resource::Gpu, 2, 1);
+    tp.dedicated = true;
+    let out = run(&nodes, &[tp.clone()], &Options::default());
+    let d = &out.decisions[0];
+    assert_eq!((d.node.as_str(), d.kind.clone(), d.destroyed), ("gpu-b", Kind::Dedicate, 4));
+    assert_eq!(d.specs, vec![GpuSpec::Off, GpuSpec::Off]);
+    assert_eq!(d.pods, vec!["serving/tp2"]);
+    // A dedicated node the controller made, empty for the reclaim time, goes back.
+    let mut ded = node("gpu-b", &["off", "off"]);
+    ded.labels.insert(POOL_LABEL.into(), "dedicated".into());
+    ded.annotations.insert(RECLAIM_LAYOUT.into(), "all-3g.40gb".into());
+    let idle = BTreeMap::from([("gpu-b".to_string(), 10_000 - 1800)]);
+    let nodes = vec![ded.clone()];
+    let out =
+        decide(&World { nodes: &nodes, pods: &[], config: None, now: 10_000, idle_since: &idle }, &Options::default());
+    assert_eq!(out.decisions[0].kind, Kind::Reclaim);
+    assert_eq!(out.decisions[0].restore.as_deref(), Some("all-3g.40gb"));
+    let idle = BTreeMap::from([("gpu-b".to_string(), 10_000 - 60)]);
+    let out =
+        decide(&World { nodes: &nodes, pods: &[], config: None, now: 10_000, idle_since: &idle }, &Options::default());
+    assert!(out.decisions.is_empty());
+    // A bound pod keeps it.
+    let pods = vec![bound(tp, "gpu-b")];
+    let idle = BTreeMap::from([("gpu-b".to_string(), 0)]);
+    let out = decide(
+        &World { nodes: &nodes, pods: &pods, config: None, now: 10_000, idle_since: &idle },
+        &Options::default(),
+    );
+    assert!(out.decisions.is_empty());
+}
+
+#[test]
+fn whole_gpu_pods_get_an_idle_mig_gpu_turned_off() {
+    let nodes = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0,3g.40gb@4"])];
+    let out = run(&nodes, &[pod("w", Resource::Gpu, 1, 1)], &Options::default());
+    let d = &out.decisions[0];
+    assert_eq!(d.change, "GPU 1: MIG off");
+    assert_eq!(d.destroyed, 2);
+}
+
+#[test]
+fn opted_in_a_waiting_tensor_parallel_pod_reserves_the_node_that_drains_soonest() {
+    let nodes = vec![
+        node("gpu-a", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0*,3g.40gb@4"]),
+        node("gpu-b", &["3g.40gb@0*,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]),
+    ];
+    let mut pods = vec![
+        bound(pod("a1", mig("3g.40gb"), 1, 1), "gpu-a"),
+        bound(pod("a2", mig("3g.40gb"), 1, 1), "gpu-a"),
+        bound(pod("a3", mig("3g.40gb"), 1, 1), "gpu-a"),
+        bound(pod("b1", mig("3g.40gb"), 1, 1), "gpu-b"),
+    ];
+    let mut tp = pod("tp2", Resource::Gpu, 2, 5);
+    tp.dedicated = true;
+    pods.push(tp.clone());
+    // By default the pod waits for an idle node.
+    let out = run(&nodes, &pods, &Options::default());
+    assert!(out.decisions.is_empty(), "{out:#?}");
+    assert!(out.not_served[0].reason.contains("no idle node can host it without evicting"), "{:?}", out.not_served);
+    // Opted in, the node with the fewest pods is reserved; its layout stays.
+    let opts = Options { reserve_for_dedicated: true, ..Options::default() };
+    let out = run(&nodes, &pods, &opts);
+    let d = &out.decisions[0];
+    assert_eq!((d.node.as_str(), d.kind.clone(), d.destroyed), ("gpu-b", Kind::Reserve, 0));
+    assert_eq!(d.restore.as_deref(), Some("all-3g.40gb"));
+    assert_eq!(
+        out.not_served[0].reason,
+        "needs 2 whole GPUs on a dedicated node; node gpu-b is reserved for it and converts once its 1 pod(s) end"
+    );
+    let patch = super::patch::node_patch(&nodes[1], d, d.restore.as_deref(), 10_000);
+    assert_eq!(patch["metadata"]["labels"][LAYOUT_LABEL], "all-3g.40gb");
+    assert_eq!(patch["spec"]["taints"][0]["key"], "gpu-dedicated");
+    // Reserved: no second reservation while it drains.
+    let mut reserved = nodes[1].clone();
+    reserved.labels.insert(POOL_LABEL.into(), "dedicated".into());
+    reserved.annotations.insert(RECLAIM_LAYOUT.into(), "all-3g.40gb".into());
+    let two = vec![nodes[0].clone(), reserved.clone()];
+    let out = run(&two, &pods, &opts);
+    assert!(out.decisions.is_empty(), "{out:#?}");
+    assert!(out.not_served[0].reason.contains("node gpu-b is reserved for it"));
+    // Its pod ends: the node converts.
+    let drained = vec![nodes[0].clone(), {
+        let mut n = node("gpu-b", &["3g.40gb@0,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]);
+        n.labels = reserved.labels.clone();
+        n.annotations.insert(RECLAIM_LAYOUT.into(), "all-3g.40gb".into());
+        n
+    }];
+    let left: Vec<GpuPod> = pods.iter().filter(|p| p.name != "b1").cloned().collect();
+    let out = run(&drained, &left, &opts);
+    assert_eq!((out.decisions[0].node.as_str(), out.decisions[0].kind.clone()), ("gpu-b", Kind::Dedicate));
+    // The pod goes away before: the reservation is released, the layout stays.
+    let no_tp: Vec<GpuPod> = pods.iter().filter(|p| p.name != "tp2").cloned().collect();
+    let out = run(&two, &no_tp, &opts);
+    let d = &out.decisions[0];
+    assert_eq!((d.node.as_str(), d.kind.clone(), d.restore.as_deref()), ("gpu-b", Kind::Reclaim, Some("all-3g.40gb")));
+}
