@@ -1,4 +1,4 @@
-//! Compiles the kubelet's gRPC API (proto/) with protox, a pure-Rust protobuf compiler, so a
+//! Compiles the kubelet's gRPC APIs (proto/) with protox, a pure-Rust protobuf compiler, so a
 //! fresh clone builds without protoc; and records the commit the binary is built from
 //! (`GPUPART_COMMIT`: the environment's value, else `git rev-parse`, else `unknown`).
 
@@ -6,7 +6,12 @@ use std::path::Path;
 use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/deviceplugin/v1beta1/api.proto", "proto/podresources/v1/api.proto"];
+    let files = [
+        "proto/deviceplugin/v1beta1/api.proto",
+        "proto/podresources/v1/api.proto",
+        "proto/pluginregistration/v1/api.proto",
+        "proto/dra/v1/api.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -562,6 +562,55 @@ pub struct AgentArgs {
     /// How often each MPS daemon gets a health round trip (a dead or hung one is restarted).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub mps_health_interval: std::time::Duration,
+    /// Run as a Dynamic Resource Allocation kubelet plugin instead of following the layout label:
+    /// publish this node's MIG placements and whole GPUs as ResourceSlices and create each MIG
+    /// device when the kubelet prepares the claim it was allocated to (docs/dra.md).
+    #[arg(long)]
+    pub dra: bool,
+    /// The DRA driver name (DeviceClasses select it).
+    #[arg(long, default_value = crate::dra::DEFAULT_DRIVER)]
+    pub driver_name: String,
+    /// The kubelet's plugin registry directory (the plugin serves `<driver-name>-reg.sock` there).
+    #[arg(long, value_name = "DIR", default_value = crate::kubelet::dra_plugin::DEFAULT_REGISTRY_DIR)]
+    pub kubelet_registry_dir: PathBuf,
+    /// The kubelet's plugins directory (the DRA service listens on `<dir>/<driver-name>/dra.sock`).
+    #[arg(long, value_name = "DIR", default_value = crate::kubelet::dra_plugin::DEFAULT_PLUGINS_DIR)]
+    pub kubelet_plugins_dir: PathBuf,
+    /// Where CDI spec files for prepared claims are written.
+    #[arg(long, value_name = "DIR", default_value = crate::dra::DEFAULT_CDI_DIR)]
+    pub cdi_dir: PathBuf,
+    /// The NVIDIA driver's MIG capability minors file.
+    #[arg(long, value_name = "FILE", default_value = crate::dra::DEFAULT_MIG_MINORS)]
+    pub nvidia_caps_minors: PathBuf,
+    /// Where the DRA plugin keeps its checkpoint.
+    #[arg(long, value_name = "DIR", default_value = crate::dra::DEFAULT_STATE_DIR)]
+    pub dra_state_dir: PathBuf,
+    /// Watch ResourceClaims so a device allocated from this node counts as taken before the
+    /// kubelet prepares it (`--watch-claims=false`: only Prepare and Unprepare republish).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub watch_claims: bool,
+}
+
+impl AgentArgs {
+    /// The DRA plugin's options (`--dra`).
+    pub fn dra_options(&self) -> crate::dra::DraOptions {
+        crate::dra::DraOptions {
+            node_name: self.node_name.clone(),
+            no_kube: self.no_kube,
+            driver_name: self.driver_name.clone(),
+            kubelet_registry_dir: self.kubelet_registry_dir.clone(),
+            kubelet_plugins_dir: self.kubelet_plugins_dir.clone(),
+            cdi_dir: self.cdi_dir.clone(),
+            nvidia_caps_minors: self.nvidia_caps_minors.clone(),
+            dra_state_dir: self.dra_state_dir.clone(),
+            watch_claims: self.watch_claims,
+            lock_file: self.lock_file.clone(),
+            metrics_addr: self.metrics_addr,
+            http_max_connections: self.http_max_connections,
+            http_timeout: self.http_timeout,
+            resync_interval: self.resync_interval,
+        }
+    }
 }
 
 /// Which config file and config.

@@ -16,6 +16,7 @@ pub mod agent;
 pub mod cli;
 pub mod commands;
 pub mod controller;
+pub mod dra;
 pub mod fuzzing;
 pub mod http;
 pub mod kube;

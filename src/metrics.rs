@@ -57,6 +57,7 @@ pub struct Metrics {
     reconfigurations: Family<Labels, Counter>,
     durations: Family<Labels, Histogram>,
     nvml_errors: Family<Labels, Counter>,
+    dra: Option<crate::dra::metrics::DraMetrics>,
 }
 
 /// The node's fragmentation figures, one metric each (docs/metrics.md).
@@ -115,6 +116,15 @@ impl Metrics {
     /// Registers every family; `gpupart_build_info` carries `simulated="true"` when the GPUs are
     /// the simulator's.
     pub fn for_backend(simulated: bool) -> Self {
+        Self::build(simulated, false)
+    }
+
+    /// Registers every family and the DRA plugin's (`gpupart agent --dra`).
+    pub fn for_dra(simulated: bool) -> Self {
+        Self::build(simulated, true)
+    }
+
+    fn build(simulated: bool, dra: bool) -> Self {
         let mut r = Registry::with_prefix("gpupart");
         let info = Info::new(vec![
             ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
@@ -217,6 +227,7 @@ impl Metrics {
             "Failed NVML calls by function and return code (its NVML_ERROR_* name)",
             nvml_errors.clone(),
         );
+        let dra = dra.then(|| crate::dra::metrics::DraMetrics::register(&mut r));
         Self {
             registry: r,
             lock: Mutex::new(()),
@@ -246,7 +257,13 @@ impl Metrics {
             reconfigurations,
             durations,
             nvml_errors,
+            dra,
         }
+    }
+
+    /// The DRA plugin's families (registered by [`Metrics::for_dra`] only).
+    pub fn dra(&self) -> Option<&crate::dra::metrics::DraMetrics> {
+        self.dra.as_ref()
     }
 
     /// Renders the OpenMetrics text (a consistent view: never half of an update).
@@ -484,6 +501,9 @@ impl GpuBackend for Instrumented {
     }
     fn gpu_count(&self) -> Result<u32, BackendError> {
         self.inner.gpu_count()
+    }
+    fn driver_version(&self) -> Result<String, BackendError> {
+        self.inner.driver_version()
     }
     fn observe(&self, gpu: u32) -> Result<GpuState, BackendError> {
         self.inner.observe(gpu)

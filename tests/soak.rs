@@ -18,25 +18,8 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 use support::apiserver::ApiServer;
 use support::kube_agent::{start_config, Agent, LAYOUT, NODE, STATE};
+use support::rng::Rng;
 use support::{nvidia_config, Backend, Node, EIGHTY_GB};
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 const FAULTS: [&str; 4] = [
     "nvmlDeviceCreateGpuInstanceWithPlacement",

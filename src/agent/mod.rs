@@ -67,6 +67,9 @@ impl Mode {
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
+    if a.dra {
+        return crate::dra::run(g, &a.dra_options());
+    }
     let mut a = a.clone();
     if a.config_map.is_none() {
         a.config_file = Some(config_path(&a)?);

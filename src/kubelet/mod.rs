@@ -1,10 +1,12 @@
-//! The kubelet's gRPC APIs over unix sockets: the generated device plugin API ([`api`]) and
-//! PodResources API ([`podresources`]) from `proto/`; MPS client slots as devices ([`slots`],
+//! The kubelet's gRPC APIs over unix sockets: the generated device plugin API ([`api`]),
+//! PodResources API ([`podresources`]), plugin registration ([`registration`]) and DRA plugin
+//! API ([`dra`]) from `proto/`; the DRA kubelet plugin's servers ([`dra_plugin`]); MPS client slots as devices ([`slots`],
 //! pure); the device plugin server with its registration loop ([`device_plugin`]); the
 //! PodResources client ([`pod_resources`]) and its answer as allocations ([`allocations`], pure).
 
 pub mod allocations;
 pub mod device_plugin;
+pub mod dra_plugin;
 pub mod pod_resources;
 pub mod slots;
 
@@ -18,6 +20,18 @@ pub mod api {
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod podresources {
     tonic::include_proto!("v1");
+}
+
+/// The kubelet's plugin registration API, package `pluginregistration` (generated).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod registration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// The kubelet's DRA plugin API, package `k8s.io.kubelet.pkg.apis.dra.v1` (generated).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod dra {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
 /// Connects a tonic channel to a unix socket (the URI is a placeholder tonic requires).

@@ -1,6 +1,6 @@
 //! The Kubernetes API test server: in-process, on 127.0.0.1, real HTTP. One store of objects
 //! with one resourceVersion counter serves every kind the product uses (Nodes, Pods, ConfigMaps,
-//! Leases, Events): list (field selectors such as `metadata.name`, `spec.nodeName`), watch from
+//! Leases, Events, and `resource.k8s.io/v1` ResourceSlices, ResourceClaims and DeviceClasses): list (field selectors such as `metadata.name`, `spec.nodeName`), watch from
 //! a resourceVersion (ADDED/MODIFIED/DELETED, bookmarks, metadata-only), get, create (409
 //! AlreadyExists), replace and merge patch with a `metadata.resourceVersion` precondition (409
 //! Conflict), server-side apply of labels and annotations per field manager, and delete. Fault
@@ -30,10 +30,13 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
     ("configmaps", "v1", "ConfigMap", true),
     ("leases", "coordination.k8s.io/v1", "Lease", true),
     ("events", "events.k8s.io/v1", "Event", true),
+    ("resourceslices", "resource.k8s.io/v1", "ResourceSlice", false),
+    ("resourceclaims", "resource.k8s.io/v1", "ResourceClaim", true),
+    ("deviceclasses", "resource.k8s.io/v1", "DeviceClass", false),
 ];
 
 /// The API groups served besides the core group, as path prefixes.
-const GROUPS: &[&str] = &["/apis/coordination.k8s.io/v1/", "/apis/events.k8s.io/v1/"];
+const GROUPS: &[&str] = &["/apis/coordination.k8s.io/v1/", "/apis/events.k8s.io/v1/", "/apis/resource.k8s.io/v1/"];
 
 /// The uid of the node an agent's test starts the server with.
 pub const NODE_UID: &str = "0a0b0c0d-0000-4000-8000-000000000001";

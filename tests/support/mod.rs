@@ -2,13 +2,17 @@
 //! file in a temporary directory, and read or edit that state.
 #![allow(dead_code, unused_macros)]
 
+pub mod allocator;
 pub mod apiserver;
 pub mod baremetal;
 pub mod controller_rig;
+pub mod dra_kubelet;
+pub mod dra_rig;
 pub mod kube_agent;
 pub mod kubelet;
 pub mod pod_resources;
 pub mod rbac;
+pub mod rng;
 pub mod scheduler;
 
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.

@@ -319,56 +319,7 @@ impl Run<'_> {
     }
 
     fn set_mode(&mut self, enabled: bool) -> Result<(), ExecError> {
-        let mode = if enabled { "enabled" } else { "disabled" };
-        let activation = self.backend.set_mig_mode(self.gpu, enabled)?;
-        self.steps.push(Step::SetMigMode(enabled));
-        tracing::debug!(mode, ?activation, "MIG mode requested");
-        match activation {
-            ModeActivation::Done => Ok(()),
-            ModeActivation::InUse => {
-                let state = self.backend.observe(self.gpu)?;
-                let pids: Vec<String> = state.all_processes().map(|p| p.pid.to_string()).collect();
-                Err(ExecError::ModeInUse {
-                    gpu: self.gpu,
-                    detail: if pids.is_empty() {
-                        "the driver reports the device busy".into()
-                    } else {
-                        format!("pids {}", pids.join(", "))
-                    },
-                })
-            }
-            ModeActivation::RebootRequired => Err(ExecError::RebootRequired { gpu: self.gpu, mode }),
-            ModeActivation::PendingReset => {
-                if self.skip_reset {
-                    return Err(ExecError::ResetRequired {
-                        gpu: self.gpu,
-                        mode,
-                        reason: "--skip-reset was given".into(),
-                    });
-                }
-                let state = self.backend.observe(self.gpu)?;
-                let pids: Vec<String> = state.all_processes().map(|p| p.pid.to_string()).collect();
-                if !pids.is_empty() {
-                    return Err(ExecError::ResetRequired {
-                        gpu: self.gpu,
-                        mode,
-                        reason: format!("it has running processes (pids {})", pids.join(", ")),
-                    });
-                }
-                self.backend.reset_gpu(self.gpu)?;
-                self.steps.push(Step::Reset);
-                tracing::debug!("GPU reset");
-                let after = self.backend.observe(self.gpu)?;
-                if after.mig_mode.current != enabled {
-                    return Err(ExecError::ResetRequired {
-                        gpu: self.gpu,
-                        mode,
-                        reason: "the reset did not apply it".into(),
-                    });
-                }
-                Ok(())
-            }
-        }
+        switch_mig_mode(self.backend, self.gpu, enabled, self.skip_reset, &mut self.steps)
     }
 
     fn create(&mut self, c: &crate::plan::CreateGi) -> Result<(), ExecError> {
@@ -441,5 +392,58 @@ impl Run<'_> {
             return fail("a GPU instance without compute instances is present".into());
         }
         Ok(())
+    }
+}
+
+/// Switches a GPU's MIG mode, resetting the GPU where the model needs it (only when no process
+/// runs on it, and not with `skip_reset`); the calls made are appended to `steps`.
+pub fn switch_mig_mode(
+    backend: &dyn GpuBackend,
+    gpu: u32,
+    enabled: bool,
+    skip_reset: bool,
+    steps: &mut Vec<Step>,
+) -> Result<(), ExecError> {
+    let mode = if enabled { "enabled" } else { "disabled" };
+    let activation = backend.set_mig_mode(gpu, enabled)?;
+    steps.push(Step::SetMigMode(enabled));
+    tracing::debug!(mode, ?activation, "MIG mode requested");
+    match activation {
+        ModeActivation::Done => Ok(()),
+        ModeActivation::InUse => {
+            let state = backend.observe(gpu)?;
+            let pids: Vec<String> = state.all_processes().map(|p| p.pid.to_string()).collect();
+            Err(ExecError::ModeInUse {
+                gpu,
+                detail: if pids.is_empty() {
+                    "the driver reports the device busy".into()
+                } else {
+                    format!("pids {}", pids.join(", "))
+                },
+            })
+        }
+        ModeActivation::RebootRequired => Err(ExecError::RebootRequired { gpu, mode }),
+        ModeActivation::PendingReset => {
+            if skip_reset {
+                return Err(ExecError::ResetRequired { gpu, mode, reason: "--skip-reset was given".into() });
+            }
+            let state = backend.observe(gpu)?;
+            let pids: Vec<String> = state.all_processes().map(|p| p.pid.to_string()).collect();
+            if !pids.is_empty() {
+                return Err(ExecError::ResetRequired {
+                    gpu,
+                    mode,
+                    reason: format!("it has running processes (pids {})", pids.join(", ")),
+                });
+            }
+            backend.reset_gpu(gpu)?;
+            steps.push(Step::Reset);
+            tracing::debug!("GPU reset");
+            let after = backend.observe(gpu)?;
+            if after.mig_mode.current != enabled {
+                return Err(ExecError::ResetRequired { gpu, mode, reason: "the reset did not apply it".into() });
+            }
+            Ok(())
+        }
     }
 }

@@ -15,6 +15,7 @@ pub mod allocations;
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod dra;
 pub mod exec;
 pub mod frag;
 pub mod fsutil;

@@ -10,6 +10,8 @@ use serde::Serialize;
 pub struct GpuInfo {
     /// NVML index.
     pub index: u32,
+    /// The device's minor number: its node is `/dev/nvidia<minor>`.
+    pub minor: u32,
     /// `GPU-…` UUID.
     pub uuid: String,
     /// Catalog model id when known, else the NVML name.

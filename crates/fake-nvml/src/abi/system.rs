@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_uint};
 
 /// Driver version the fake reports.
-pub const DRIVER_VERSION: &str = "580.65.06";
+pub const DRIVER_VERSION: &str = gpupart_mig::sim::DRIVER_VERSION;
 /// NVML version the fake reports.
 pub const NVML_VERSION: &str = "13.580.65.06";
 /// CUDA driver version (`major * 1000 + minor * 10`).

@@ -2,6 +2,9 @@
 //! the fake NVML library. [`state`] is the documented JSON format, [`ops`] the NVML-like calls,
 //! [`store`] the atomic state file.
 
+/// The driver version simulated GPUs report (`nvmlSystemGetDriverVersion`).
+pub const DRIVER_VERSION: &str = "580.65.06";
+
 pub mod fault;
 pub mod ids;
 pub mod ops;

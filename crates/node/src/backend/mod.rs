@@ -76,6 +76,8 @@ pub trait GpuBackend: Send + Sync {
     }
     /// Number of GPUs.
     fn gpu_count(&self) -> Result<u32, BackendError>;
+    /// The NVIDIA driver's version (`nvmlSystemGetDriverVersion`).
+    fn driver_version(&self) -> Result<String, BackendError>;
     /// Everything about one GPU now.
     fn observe(&self, gpu: u32) -> Result<GpuState, BackendError>;
     /// Requests MIG mode on or off.

@@ -219,6 +219,10 @@ impl GpuBackend for NvmlBackend {
         format!("NVML from {}", self.library)
     }
 
+    fn driver_version(&self) -> Result<String, BackendError> {
+        self.nvml.sys_driver_version().map_err(|e| wrap(0, "nvmlSystemGetDriverVersion", e))
+    }
+
     fn gpu_count(&self) -> Result<u32, BackendError> {
         self.nvml.device_count().map_err(|e| wrap(0, "nvmlDeviceGetCount_v2", e))
     }
@@ -242,6 +246,7 @@ impl GpuBackend for NvmlBackend {
         };
         let info = GpuInfo {
             index: gpu,
+            minor: dev.minor_number().map_err(|e| wrap(gpu, "nvmlDeviceGetMinorNumber", e))?,
             uuid: dev.uuid().map_err(|e| wrap(gpu, "nvmlDeviceGetUUID", e))?,
             model: catalog::by_pci_device_id(pci.pci_device_id).map_or_else(|| name.clone(), |m| m.id.to_string()),
             name,

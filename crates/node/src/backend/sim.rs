@@ -187,6 +187,7 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
     Ok(GpuState {
         info: GpuInfo {
             index: g.index,
+            minor: g.index,
             uuid: g.uuid.clone(),
             model: model.id.to_string(),
             name: model.nvml_name.to_string(),
@@ -218,6 +219,10 @@ impl GpuBackend for SimBackend {
             Some(p) => format!("simulator: {n} GPUs, state in {}", p.display()),
             None => format!("simulator: {n} GPUs, in memory"),
         }
+    }
+
+    fn driver_version(&self) -> Result<String, BackendError> {
+        Ok(crate::mig::sim::DRIVER_VERSION.to_string())
     }
 
     fn gpu_count(&self) -> Result<u32, BackendError> {

@@ -1,0 +1,113 @@
+//! Container Device Interface specs for prepared claims (pure): one spec per claim whose devices
+//! give a container the parent GPU's device node, the control and UVM nodes, a MIG device's two
+//! capability nodes (from `/proc/driver/nvidia-caps/mig-minors`) and `NVIDIA_VISIBLE_DEVICES`.
+
+use super::checkpoint::PreparedDevice;
+use super::devices::DeviceKind;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// The CDI vendor/class of gpupart's devices.
+pub const KIND: &str = "k8s.gpu.gpupart.io/claim";
+/// The CDI spec version written.
+pub const CDI_VERSION: &str = "0.6.0";
+
+/// Capability minors from the `mig-minors` file: (gpu minor, gi, ci or none) → minor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigMinors(BTreeMap<(u32, u32, Option<u32>), u32>);
+
+impl MigMinors {
+    /// Reads `gpu<G>/gi<I>/access <minor>` and `gpu<G>/gi<I>/ci<C>/access <minor>` lines (others,
+    /// such as `config` and `monitor`, are skipped).
+    pub fn parse(text: &str) -> Self {
+        let mut map = BTreeMap::new();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(path), Some(minor)) = (words.next(), words.next()) else { continue };
+            let Ok(minor) = minor.parse::<u32>() else { continue };
+            let parts: Vec<&str> = path.split('/').collect();
+            let num = |p: &str, prefix: &str| p.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok());
+            match parts.as_slice() {
+                [g, i, "access"] => {
+                    if let (Some(g), Some(i)) = (num(g, "gpu"), num(i, "gi")) {
+                        map.insert((g, i, None), minor);
+                    }
+                }
+                [g, i, c, "access"] => {
+                    if let (Some(g), Some(i), Some(c)) = (num(g, "gpu"), num(i, "gi"), num(c, "ci")) {
+                        map.insert((g, i, Some(c)), minor);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Self(map)
+    }
+
+    /// The access minor of a GPU instance (`ci` none) or compute instance.
+    pub fn get(&self, gpu_minor: u32, gi: u32, ci: Option<u32>) -> Option<u32> {
+        self.0.get(&(gpu_minor, gi, ci)).copied()
+    }
+}
+
+/// The CDI device name of a claim's device.
+pub fn device_name(claim_uid: &str, device: &str) -> String {
+    format!("{claim_uid}-{device}")
+}
+
+/// The fully qualified CDI id of a claim's device.
+pub fn device_id(claim_uid: &str, device: &str) -> String {
+    format!("{KIND}={}", device_name(claim_uid, device))
+}
+
+/// The spec file's name for a claim.
+pub fn file_name(claim_uid: &str) -> String {
+    format!("{}_{claim_uid}.json", KIND.replace('/', "-"))
+}
+
+fn node(path: &str) -> Value {
+    json!({"path": path, "hostPath": path, "permissions": "rw"})
+}
+
+/// The spec for a claim's devices; `gpu_minor(gpu index)` gives `/dev/nvidia<minor>`. Errors
+/// name a MIG device whose capability minors the file does not list.
+pub fn spec(
+    claim_uid: &str,
+    devices: &[PreparedDevice],
+    gpu_minor: impl Fn(u32) -> u32,
+    minors: &MigMinors,
+) -> Result<Value, String> {
+    let mut out = Vec::new();
+    for d in devices {
+        let minor = gpu_minor(d.gpu);
+        let mut nodes = vec![node(&format!("/dev/nvidia{minor}"))];
+        if let DeviceKind::Mig { .. } = d.kind {
+            let (Some(gi), Some(ci)) = (d.gi, d.ci) else {
+                return Err(format!("device {} has no instance yet", d.device));
+            };
+            for (what, m) in
+                [("GPU instance", minors.get(minor, gi, None)), ("compute instance", minors.get(minor, gi, Some(ci)))]
+            {
+                let m =
+                    m.ok_or_else(|| format!("no capability minor for the {what} of {} (gpu{minor}/gi{gi})", d.device))?;
+                nodes.push(node(&format!("/dev/nvidia-caps/nvidia-cap{m}")));
+            }
+        }
+        let uuid = d.uuid.clone().unwrap_or_default();
+        out.push(json!({
+            "name": device_name(claim_uid, &d.device),
+            "containerEdits": {
+                "env": [format!("NVIDIA_VISIBLE_DEVICES={uuid}")],
+                "deviceNodes": nodes,
+            },
+        }));
+    }
+    Ok(json!({
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": out,
+        "containerEdits": {
+            "deviceNodes": [node("/dev/nvidiactl"), node("/dev/nvidia-uvm"), node("/dev/nvidia-uvm-tools")],
+        },
+    }))
+}

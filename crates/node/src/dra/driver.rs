@@ -1,0 +1,605 @@
+//! The DRA plugin's node side (effects through the [`GpuBackend`] and files only): prepares a
+//! claim's devices by creating exactly the allocated placements, unprepares them when nothing
+//! uses them, keeps the checkpoint, writes the CDI specs, and at start reconciles the checkpoint
+//! with the GPUs — adopting its instances, rolling back half-made ones, and never touching an
+//! instance it did not make.
+
+use super::cdi::{self, MigMinors};
+use super::checkpoint::{Checkpoint, CheckpointError, ClaimEntry, ClaimState, PreparedDevice};
+use super::devices::{DeviceKind, DeviceRef};
+use super::order::GpuView;
+use crate::backend::GpuBackend;
+use crate::exec::{switch_mig_mode, ExecError};
+use crate::mig::{Placement, ProfileTable};
+use crate::observed::GpuState;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Where the plugin keeps its files and which pool is its own.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// The node's pool (the node's name).
+    pub pool: String,
+    /// Where CDI spec files go (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// The MIG capability minors file (`/proc/driver/nvidia-caps/mig-minors`).
+    pub mig_minors: PathBuf,
+    /// Where the checkpoint lives (`/var/lib/gpupart/dra`).
+    pub state_dir: PathBuf,
+}
+
+/// One device a claim's allocation names for this driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedDevice {
+    /// The claim's request it serves.
+    pub request: String,
+    /// The pool it comes from.
+    pub pool: String,
+    /// The device's name.
+    pub device: String,
+}
+
+/// A claim to prepare, as read from the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimToPrepare {
+    /// The claim's uid.
+    pub uid: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its devices for this driver.
+    pub devices: Vec<AllocatedDevice>,
+}
+
+/// A device handed to the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The requests it serves.
+    pub requests: Vec<String>,
+    /// Its pool.
+    pub pool: String,
+    /// Its name.
+    pub device: String,
+    /// Fully qualified CDI ids.
+    pub cdi_ids: Vec<String>,
+}
+
+/// Why a claim failed, as a label (metrics) and a message naming the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    /// The allocation names a device this node does not publish.
+    UnknownDevice,
+    /// The allocated placement (or GPU) is taken.
+    Occupied,
+    /// A process uses the device.
+    Busy,
+    /// MIG mode could not follow the claim.
+    MigMode,
+    /// An NVML call failed.
+    Nvml,
+    /// A file (checkpoint, CDI spec, capability minors) could not be written or read.
+    Files,
+}
+
+impl Reason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::UnknownDevice => "unknown_device",
+            Reason::Occupied => "occupied",
+            Reason::Busy => "busy",
+            Reason::MigMode => "mig_mode",
+            Reason::Nvml => "nvml",
+            Reason::Files => "files",
+        }
+    }
+}
+
+/// A claim could not be prepared or unprepared; nothing it would have made is left.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("claim {claim}: {message}")]
+pub struct ClaimError {
+    /// `namespace/name` (or the uid when the name is unknown).
+    pub claim: String,
+    /// Why, for metrics.
+    pub reason: Reason,
+    /// What happened, naming the device, GPU and placement.
+    pub message: String,
+}
+
+/// What the start-up reconciliation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartReport {
+    /// Claims whose devices are all still there.
+    pub adopted: usize,
+    /// Devices forgotten because their instance vanished.
+    pub forgotten: usize,
+    /// Half-prepared claims rolled back.
+    pub rolled_back: usize,
+    /// Interrupted unprepares finished.
+    pub finished: usize,
+}
+
+/// The plugin's state: its config and checkpoint.
+#[derive(Debug)]
+pub struct Driver {
+    cfg: DriverConfig,
+    checkpoint: Checkpoint,
+}
+
+fn describe(kind: DeviceKind, table: &ProfileTable) -> String {
+    match kind {
+        DeviceKind::Gpu => "the whole GPU".to_string(),
+        DeviceKind::Mig { profile_id, placement } => {
+            let p = table.by_id(profile_id).map_or_else(|| format!("profile {profile_id}"), |p| p.name.to_string());
+            format!("{p} at placement {}..{}", placement.start, placement.end())
+        }
+    }
+}
+
+impl Driver {
+    /// Loads the checkpoint from the state directory.
+    pub fn open(cfg: DriverConfig) -> Result<Self, CheckpointError> {
+        let checkpoint = Checkpoint::load(&cfg.state_dir.join("checkpoint.json"))?;
+        Ok(Self { cfg, checkpoint })
+    }
+
+    /// What is prepared.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    fn save(&self) -> Result<(), CheckpointError> {
+        self.checkpoint.save(&self.cfg.state_dir.join("checkpoint.json"))
+    }
+
+    fn cdi_path(&self, uid: &str) -> PathBuf {
+        self.cfg.cdi_dir.join(cdi::file_name(uid))
+    }
+
+    /// The devices allocated to prepared claims (published after the offered ones, so the
+    /// scheduler keeps accounting their counters).
+    pub fn prepared_devices(&self) -> Vec<DeviceRef> {
+        self.checkpoint.devices().map(|(_, d)| DeviceRef { gpu: d.gpu, kind: d.kind }).collect()
+    }
+
+    /// Whether a claim is prepared.
+    pub fn is_prepared(&self, uid: &str) -> bool {
+        self.checkpoint.claims.get(uid).is_some_and(|c| c.state == ClaimState::Prepared)
+    }
+
+    /// The policy's view of the GPUs: every GPU instance and every `pending` device (allocated
+    /// to a claim, not yet prepared) occupies its placement; a GPU is taken whole when a claim
+    /// holds it or processes run on it outside MIG.
+    pub fn views(&self, states: &[GpuState], pending: &[DeviceRef]) -> Vec<GpuView> {
+        let held: Vec<DeviceRef> = self.prepared_devices().into_iter().chain(pending.iter().copied()).collect();
+        states
+            .iter()
+            .map(|s| {
+                let index = s.info.index;
+                let mut occupied: Vec<(u32, Placement)> =
+                    s.instances.iter().map(|i| (i.profile_id, i.placement)).collect();
+                for d in held.iter().filter(|d| d.gpu == index) {
+                    if let DeviceKind::Mig { profile_id, placement } = d.kind {
+                        if !occupied.iter().any(|(_, p)| *p == placement) {
+                            occupied.push((profile_id, placement));
+                        }
+                    }
+                }
+                let whole = held.iter().any(|d| d.gpu == index && d.kind == DeviceKind::Gpu);
+                let outside_mig = !s.mig_mode.current && !s.processes.is_empty();
+                let table = if s.info.mig_capable { s.profiles.clone() } else { ProfileTable::empty() };
+                GpuView { index, table, mig_enabled: s.mig_mode.current, occupied, whole_taken: whole || outside_mig }
+            })
+            .collect()
+    }
+
+    /// Prepares a claim: creates exactly its allocated devices (switching MIG mode where the
+    /// claim needs it and the GPU is idle), writes its CDI spec and records it. A repeated call
+    /// answers the same and creates nothing; a failure leaves nothing of the claim behind.
+    pub fn prepare(&mut self, backend: &dyn GpuBackend, claim: &ClaimToPrepare) -> Result<Vec<Granted>, ClaimError> {
+        let label = format!("{}/{}", claim.namespace, claim.name);
+        let fail = |reason, message: String| ClaimError { claim: label.clone(), reason, message };
+        if let Some(e) = self.checkpoint.claims.get(&claim.uid).filter(|e| e.state == ClaimState::Prepared) {
+            return Ok(granted(&claim.uid, e));
+        }
+        let states = backend.observe_all().map_err(|e| fail(Reason::Nvml, format!("reading the GPUs: {e}")))?;
+        let devices = self.validate(claim, &states).map_err(|(r, m)| fail(r, m))?;
+        let entry = ClaimEntry {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            state: ClaimState::Preparing,
+            devices,
+        };
+        self.checkpoint.claims.insert(claim.uid.clone(), entry);
+        self.save().map_err(|e| fail(Reason::Files, e.to_string()))?;
+        match self.create_all(backend, &claim.uid, &states) {
+            Ok(()) => {}
+            Err((reason, message)) => {
+                self.roll_back(backend, &claim.uid);
+                return Err(fail(reason, message));
+            }
+        }
+        let minors = MigMinors::parse(&std::fs::read_to_string(&self.cfg.mig_minors).unwrap_or_default());
+        let entry = self.checkpoint.claims.get(&claim.uid).cloned().expect("just recorded");
+        let minor_of = |gpu: u32| states.iter().find(|s| s.info.index == gpu).map_or(gpu, |s| s.info.minor);
+        let written = cdi::spec(&claim.uid, &entry.devices, minor_of, &minors).and_then(|spec| {
+            let text = serde_json::to_string_pretty(&spec).map_err(|e| e.to_string())?;
+            crate::fsutil::write_atomic(&self.cdi_path(&claim.uid), text.as_bytes())
+                .map_err(|e| format!("writing the CDI spec {}: {e}", self.cdi_path(&claim.uid).display()))
+        });
+        if let Err(m) = written {
+            self.roll_back(backend, &claim.uid);
+            return Err(fail(Reason::Files, m));
+        }
+        if let Some(e) = self.checkpoint.claims.get_mut(&claim.uid) {
+            e.state = ClaimState::Prepared;
+        }
+        if let Err(e) = self.save() {
+            self.roll_back(backend, &claim.uid);
+            return Err(fail(Reason::Files, e.to_string()));
+        }
+        tracing::info!(claim = %label, devices = entry.devices.len(), "prepared");
+        Ok(granted(&claim.uid, self.checkpoint.claims.get(&claim.uid).expect("recorded")))
+    }
+
+    /// Checks a claim's allocation against the GPUs; returns the devices to make.
+    fn validate(&self, claim: &ClaimToPrepare, states: &[GpuState]) -> Result<Vec<PreparedDevice>, (Reason, String)> {
+        if claim.devices.is_empty() {
+            return Err((Reason::UnknownDevice, "its allocation names no device of this driver".into()));
+        }
+        let table_of = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| s.profiles.clone());
+        let mut by_device: BTreeMap<String, PreparedDevice> = BTreeMap::new();
+        for a in &claim.devices {
+            if a.pool != self.cfg.pool {
+                return Err((
+                    Reason::UnknownDevice,
+                    format!("device {} is in pool {}, not this node's ({})", a.device, a.pool, self.cfg.pool),
+                ));
+            }
+            if let Some(d) = by_device.get_mut(&a.device) {
+                d.requests.push(a.request.clone());
+                continue;
+            }
+            let Some(r) = DeviceRef::parse(&a.device, table_of) else {
+                return Err((Reason::UnknownDevice, format!("device {} is not published by this node", a.device)));
+            };
+            let s = states
+                .iter()
+                .find(|s| s.info.index == r.gpu)
+                .ok_or((Reason::UnknownDevice, format!("device {}: no GPU {}", a.device, r.gpu)))?;
+            self.check_free(s, r).map_err(|m| {
+                (
+                    Reason::Occupied,
+                    format!("device {} (GPU {}, {}): {m}", a.device, r.gpu, describe(r.kind, &s.profiles)),
+                )
+            })?;
+            by_device.insert(
+                a.device.clone(),
+                PreparedDevice {
+                    requests: vec![a.request.clone()],
+                    pool: a.pool.clone(),
+                    device: a.device.clone(),
+                    gpu: r.gpu,
+                    gpu_uuid: s.info.uuid.clone(),
+                    kind: r.kind,
+                    gi: None,
+                    ci: None,
+                    uuid: None,
+                },
+            );
+        }
+        // Two devices of one claim may not overlap either.
+        let list: Vec<PreparedDevice> = by_device.into_values().collect();
+        for (i, a) in list.iter().enumerate() {
+            for b in &list[i + 1..] {
+                if a.gpu == b.gpu && overlaps(a.kind, b.kind) {
+                    return Err((Reason::Occupied, format!("devices {} and {} overlap", a.device, b.device)));
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// Why `r` cannot be made on `s` now, if it cannot.
+    fn check_free(&self, s: &GpuState, r: DeviceRef) -> Result<(), String> {
+        let index = s.info.index;
+        let holder = self.checkpoint.devices().find(|(_, d)| d.gpu == index && overlaps(d.kind, r.kind));
+        if let Some((uid, d)) = holder {
+            let c = &self.checkpoint.claims[uid];
+            return Err(format!("taken by claim {}/{} ({})", c.namespace, c.name, d.device));
+        }
+        match r.kind {
+            DeviceKind::Mig { placement, .. } => {
+                if !s.info.mig_capable {
+                    return Err("the GPU has no MIG".into());
+                }
+                if let Some(gi) = s.instances.iter().find(|i| i.placement.overlaps(placement)) {
+                    return Err(format!("GPU instance {} ({}) is there", gi.id, s.gi_name(gi)));
+                }
+                if !s.mig_mode.current && s.all_processes().next().is_some() {
+                    return Err("MIG mode is off and processes use the GPU".into());
+                }
+            }
+            DeviceKind::Gpu => {
+                if !s.instances.is_empty() {
+                    return Err(format!("the GPU holds {} MIG instance(s)", s.instances.len()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates every device of a recorded claim, recording each step.
+    fn create_all(&mut self, backend: &dyn GpuBackend, uid: &str, states: &[GpuState]) -> Result<(), (Reason, String)> {
+        let n = self.checkpoint.claims[uid].devices.len();
+        for i in 0..n {
+            let d = self.checkpoint.claims[uid].devices[i].clone();
+            let s = states.iter().find(|s| s.info.index == d.gpu).expect("validated");
+            let what = format!("device {} (GPU {}, {})", d.device, d.gpu, describe(d.kind, &s.profiles));
+            let mode = |on: bool| {
+                let mut steps = Vec::new();
+                switch_mig_mode(backend, d.gpu, on, false, &mut steps).map_err(|e| {
+                    let reason = if matches!(e, ExecError::Backend(_)) { Reason::Nvml } else { Reason::MigMode };
+                    (reason, format!("{what}: switching MIG mode {}: {e}", if on { "on" } else { "off" }))
+                })
+            };
+            let current = backend.observe(d.gpu).map_err(|e| (Reason::Nvml, format!("{what}: {e}")))?;
+            match d.kind {
+                DeviceKind::Gpu => {
+                    if s.info.mig_capable && current.mig_mode.current {
+                        mode(false)?;
+                    }
+                    self.record(uid, i, |p| p.uuid = Some(s.info.uuid.clone()));
+                }
+                DeviceKind::Mig { profile_id, placement } => {
+                    if !current.mig_mode.current {
+                        mode(true)?;
+                    }
+                    let p = s
+                        .profiles
+                        .by_id(profile_id)
+                        .ok_or((Reason::UnknownDevice, format!("{what}: unknown profile")))?;
+                    let ci_profile = p
+                        .ci_with_slices(p.slices)
+                        .map(|c| c.id)
+                        .ok_or((Reason::UnknownDevice, format!("{what}: no full compute instance profile")))?;
+                    let gi = backend
+                        .create_gpu_instance(d.gpu, profile_id, placement)
+                        .map_err(|e| (Reason::Nvml, format!("{what}: creating the GPU instance: {e}")))?;
+                    self.record(uid, i, |p| p.gi = Some(gi));
+                    self.save().map_err(|e| (Reason::Files, e.to_string()))?;
+                    let ci = backend
+                        .create_compute_instance(d.gpu, gi, ci_profile, Placement::new(0, p.slices))
+                        .map_err(|e| (Reason::Nvml, format!("{what}: creating the compute instance: {e}")))?;
+                    self.record(uid, i, |p| p.ci = Some(ci));
+                    let after = backend.observe(d.gpu).map_err(|e| (Reason::Nvml, format!("{what}: {e}")))?;
+                    let uuid = after
+                        .instances
+                        .iter()
+                        .find(|x| x.id == gi)
+                        .and_then(|x| x.cis.iter().find(|c| c.id == ci))
+                        .map(|c| c.uuid.clone());
+                    self.record(uid, i, |p| p.uuid = uuid);
+                }
+            }
+            self.save().map_err(|e| (Reason::Files, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, uid: &str, i: usize, f: impl FnOnce(&mut PreparedDevice)) {
+        if let Some(d) = self.checkpoint.claims.get_mut(uid).and_then(|c| c.devices.get_mut(i)) {
+            f(d);
+        }
+    }
+
+    /// Undoes whatever a claim made (its recorded instances, and an unrecorded instance at
+    /// exactly a placement it was allocated), returns whole GPUs to MIG mode when idle, removes
+    /// its CDI spec and its entry. Failures are logged; the rest still goes.
+    fn roll_back(&mut self, backend: &dyn GpuBackend, uid: &str) {
+        let Some(entry) = self.checkpoint.claims.get(uid).cloned() else { return };
+        for d in entry.devices.iter().rev() {
+            let Ok(s) = backend.observe(d.gpu) else { continue };
+            match d.kind {
+                DeviceKind::Mig { profile_id, placement } => {
+                    let others = self.checkpoint.devices().any(|(u, o)| u != uid && o.gpu == d.gpu && o.kind == d.kind);
+                    let gi = d.gi.or_else(|| {
+                        (!others)
+                            .then(|| {
+                                s.instances
+                                    .iter()
+                                    .find(|i| i.placement == placement && i.profile_id == profile_id)
+                                    .map(|i| i.id)
+                            })
+                            .flatten()
+                    });
+                    if let Some(gi) = gi {
+                        destroy(backend, &s, gi, placement, profile_id);
+                    }
+                }
+                DeviceKind::Gpu => return_to_mig(backend, &s),
+            }
+        }
+        let _ = std::fs::remove_file(self.cdi_path(uid));
+        self.checkpoint.claims.remove(uid);
+        if let Err(e) = self.save() {
+            tracing::error!(error = %e, "saving the DRA checkpoint after a rollback");
+        }
+    }
+
+    /// Unprepares a claim: refused while a process uses one of its devices; else destroys its
+    /// instances, returns whole GPUs to MIG mode, removes its CDI spec and entry. A claim not
+    /// prepared here is done already.
+    pub fn unprepare(&mut self, backend: &dyn GpuBackend, uid: &str) -> Result<(), ClaimError> {
+        let Some(entry) = self.checkpoint.claims.get(uid).cloned() else { return Ok(()) };
+        let label = format!("{}/{}", entry.namespace, entry.name);
+        let fail = |reason, message: String| ClaimError { claim: label.clone(), reason, message };
+        let states = backend.observe_all().map_err(|e| fail(Reason::Nvml, format!("reading the GPUs: {e}")))?;
+        for d in &entry.devices {
+            let Some(s) = states.iter().find(|s| s.info.index == d.gpu) else { continue };
+            let pids: Vec<String> = match d.kind {
+                DeviceKind::Gpu => s.all_processes().map(|p| p.pid.to_string()).collect(),
+                DeviceKind::Mig { .. } => s
+                    .instances
+                    .iter()
+                    .filter(|i| Some(i.id) == d.gi)
+                    .flat_map(|i| i.all_processes())
+                    .map(|p| p.pid.to_string())
+                    .collect(),
+            };
+            if !pids.is_empty() {
+                return Err(fail(
+                    Reason::Busy,
+                    format!("device {} (GPU {}) is in use by pids {}; not destroyed", d.device, d.gpu, pids.join(", ")),
+                ));
+            }
+        }
+        if let Some(e) = self.checkpoint.claims.get_mut(uid) {
+            e.state = ClaimState::Unpreparing;
+        }
+        self.save().map_err(|e| fail(Reason::Files, e.to_string()))?;
+        for d in entry.devices.iter().rev() {
+            let Some(s) = states.iter().find(|s| s.info.index == d.gpu) else { continue };
+            match d.kind {
+                DeviceKind::Mig { profile_id, placement } => {
+                    if let Some(gi) = d.gi {
+                        if let Err(m) = destroy_checked(backend, s, gi, placement, profile_id) {
+                            return Err(fail(Reason::Nvml, format!("device {} (GPU {}): {m}", d.device, d.gpu)));
+                        }
+                    }
+                }
+                DeviceKind::Gpu => return_to_mig(backend, s),
+            }
+        }
+        match std::fs::remove_file(self.cdi_path(uid)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(fail(Reason::Files, format!("removing {}: {e}", self.cdi_path(uid).display())));
+            }
+            _ => {}
+        }
+        self.checkpoint.claims.remove(uid);
+        self.save().map_err(|e| fail(Reason::Files, e.to_string()))?;
+        tracing::info!(claim = %label, "unprepared");
+        Ok(())
+    }
+
+    /// Reconciles the checkpoint with the GPUs after a start: half-prepared claims are rolled
+    /// back (the kubelet prepares them again), interrupted unprepares finished, prepared claims
+    /// adopted, and devices whose instance vanished forgotten. Nothing else is touched.
+    pub fn start(&mut self, backend: &dyn GpuBackend) -> Result<StartReport, ClaimError> {
+        let mut report = StartReport::default();
+        let uids: Vec<String> = self.checkpoint.claims.keys().cloned().collect();
+        for uid in uids {
+            let entry = self.checkpoint.claims[&uid].clone();
+            match entry.state {
+                ClaimState::Preparing => {
+                    self.roll_back(backend, &uid);
+                    report.rolled_back += 1;
+                }
+                ClaimState::Unpreparing => match self.unprepare(backend, &uid) {
+                    Ok(()) => report.finished += 1,
+                    Err(e) => tracing::warn!(error = %e, "an interrupted unprepare cannot finish yet"),
+                },
+                ClaimState::Prepared => {
+                    let states = backend.observe_all().map_err(|e| ClaimError {
+                        claim: uid.clone(),
+                        reason: Reason::Nvml,
+                        message: format!("reading the GPUs: {e}"),
+                    })?;
+                    let before = entry.devices.len();
+                    let kept: Vec<PreparedDevice> = entry
+                        .devices
+                        .into_iter()
+                        .filter(|d| {
+                            let Some(s) = states.iter().find(|s| s.info.index == d.gpu && s.info.uuid == d.gpu_uuid)
+                            else {
+                                return false;
+                            };
+                            match d.kind {
+                                DeviceKind::Gpu => true,
+                                DeviceKind::Mig { profile_id, placement } => s.instances.iter().any(|i| {
+                                    Some(i.id) == d.gi && i.placement == placement && i.profile_id == profile_id
+                                }),
+                            }
+                        })
+                        .collect();
+                    report.forgotten += before - kept.len();
+                    if kept.is_empty() {
+                        let _ = std::fs::remove_file(self.cdi_path(&uid));
+                        self.checkpoint.claims.remove(&uid);
+                    } else {
+                        report.adopted += 1;
+                        if let Some(e) = self.checkpoint.claims.get_mut(&uid) {
+                            e.devices = kept;
+                        }
+                    }
+                }
+            }
+        }
+        self.save().map_err(|e| ClaimError {
+            claim: "checkpoint".into(),
+            reason: Reason::Files,
+            message: e.to_string(),
+        })?;
+        Ok(report)
+    }
+}
+
+fn overlaps(a: DeviceKind, b: DeviceKind) -> bool {
+    match (a, b) {
+        (DeviceKind::Mig { placement: x, .. }, DeviceKind::Mig { placement: y, .. }) => x.overlaps(y),
+        _ => true,
+    }
+}
+
+fn granted(uid: &str, e: &ClaimEntry) -> Vec<Granted> {
+    e.devices
+        .iter()
+        .map(|d| Granted {
+            requests: d.requests.clone(),
+            pool: d.pool.clone(),
+            device: d.device.clone(),
+            cdi_ids: vec![cdi::device_id(uid, &d.device)],
+        })
+        .collect()
+}
+
+/// Destroys GPU instance `gi` (and its compute instances) only if it is still the instance at
+/// `placement` of `profile_id`; an instance already gone is fine.
+fn destroy_checked(
+    backend: &dyn GpuBackend,
+    s: &GpuState,
+    gi: u32,
+    placement: Placement,
+    profile_id: u32,
+) -> Result<(), String> {
+    let Some(inst) = s.instances.iter().find(|i| i.id == gi) else { return Ok(()) };
+    if inst.placement != placement || inst.profile_id != profile_id {
+        return Ok(());
+    }
+    for c in inst.cis.iter().rev() {
+        backend
+            .destroy_compute_instance(s.info.index, gi, c.id)
+            .map_err(|e| format!("destroying compute instance {}: {e}", c.id))?;
+    }
+    backend.destroy_gpu_instance(s.info.index, gi).map_err(|e| format!("destroying GPU instance {gi}: {e}"))
+}
+
+fn destroy(backend: &dyn GpuBackend, s: &GpuState, gi: u32, placement: Placement, profile_id: u32) {
+    if let Err(m) = destroy_checked(backend, s, gi, placement, profile_id) {
+        tracing::error!(gpu = s.info.index, gi, error = %m, "rollback failed");
+    }
+}
+
+/// Switches an idle MIG-capable GPU whose MIG mode is off back on, so its placements are offered
+/// again.
+fn return_to_mig(backend: &dyn GpuBackend, s: &GpuState) {
+    if s.info.mig_capable && !s.mig_mode.current && s.all_processes().next().is_none() {
+        let mut steps = Vec::new();
+        if let Err(e) = switch_mig_mode(backend, s.info.index, true, false, &mut steps) {
+            tracing::warn!(gpu = s.info.index, error = %e, "the idle GPU stays out of MIG mode");
+        }
+    }
+}

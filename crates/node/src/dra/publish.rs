@@ -1,0 +1,117 @@
+//! What a node publishes for each device (pure): NVIDIA-compatible attributes, the `memory`
+//! capacity, and the counters it consumes from its GPU's counter set, so a claim written for
+//! NVIDIA's driver ports by changing the driver name.
+
+use super::devices::{consumption, Capacities, DeviceKind, DeviceRef};
+use super::slices::{Attribute, Consumption, CounterSet, Device, Quantity};
+use crate::mig::{catalog, ProfileTable};
+use crate::observed::GpuInfo;
+use std::collections::BTreeMap;
+
+/// One GPU as the publisher sees it.
+#[derive(Debug, Clone)]
+pub struct PublishedGpu {
+    /// What NVML reports of it.
+    pub info: GpuInfo,
+    /// Its MIG profiles (empty without MIG).
+    pub table: ProfileTable,
+    /// Its counter set's values ([`super::devices::gpu_counters`]; empty without MIG).
+    pub counters: Capacities,
+    /// The NVIDIA driver's version (`550.54.15`).
+    pub driver_version: String,
+}
+
+/// The counter set of GPU `index`.
+pub fn counter_set_name(index: u32) -> String {
+    format!("gpu-{index}-counter-set")
+}
+
+/// The counter sets of the MIG-capable GPUs.
+pub fn counter_sets(gpus: &[PublishedGpu]) -> Vec<CounterSet> {
+    gpus.iter()
+        .filter(|g| !g.counters.is_empty())
+        .map(|g| CounterSet {
+            name: counter_set_name(g.info.index),
+            counters: g.counters.iter().map(|(k, v)| (k.clone(), Quantity::of(*v))).collect(),
+        })
+        .collect()
+}
+
+/// `major.minor.patch` from a dotted version with any number of parts (`535.104.05` →
+/// `535.104.5`), as the API's version attributes need; `None` when it is not numeric.
+pub fn semver(v: &str) -> Option<String> {
+    let parts: Vec<u64> = v.trim().split('.').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+    let at = |i: usize| parts.get(i).copied().unwrap_or(0);
+    (!parts.is_empty()).then(|| format!("{}.{}.{}", at(0), at(1), at(2)))
+}
+
+/// NVIDIA's architecture names (`Ampere`, `Hopper`, …).
+fn architecture(info: &GpuInfo) -> String {
+    let arch = catalog::lookup(&info.model).map(|m| m.arch.as_str().to_string()).unwrap_or_else(|| {
+        match info.compute_capability {
+            (7, 0) | (7, 2) => "volta",
+            (7, 5) => "turing",
+            (8, 9) => "ada-lovelace",
+            (8, _) => "ampere",
+            (9, _) => "hopper",
+            (10, _) | (12, _) => "blackwell",
+            _ => "unknown",
+        }
+        .to_string()
+    });
+    arch.split('-')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The published form of device `d` of `gpu`.
+pub fn device(gpu: &PublishedGpu, d: DeviceRef) -> Device {
+    let info = &gpu.info;
+    let mut attributes = BTreeMap::new();
+    let mut attr = |k: &str, v: Attribute| {
+        attributes.insert(k.to_string(), v);
+    };
+    let (cc_major, cc_minor) = info.compute_capability;
+    attr("productName", Attribute::string(&info.name));
+    attr("architecture", Attribute::string(architecture(info)));
+    attr("cudaComputeCapability", Attribute::version(format!("{cc_major}.{cc_minor}.0")));
+    if let Some(v) = semver(&gpu.driver_version) {
+        attr("driverVersion", Attribute::version(v));
+    }
+    attr("index", Attribute::int(i64::from(info.index)));
+    let memory = match d.kind {
+        DeviceKind::Gpu => {
+            attr("type", Attribute::string("gpu"));
+            attr("uuid", Attribute::string(&info.uuid));
+            info.memory_total_bytes
+        }
+        DeviceKind::Mig { profile_id, placement } => {
+            attr("type", Attribute::string("mig"));
+            attr("parentUUID", Attribute::string(&info.uuid));
+            let p = gpu.table.by_id(profile_id);
+            attr("profile", Attribute::string(p.map_or_else(String::new, |p| p.name.to_string())));
+            attr("placementStart", Attribute::int(i64::from(placement.start)));
+            attr("placementSize", Attribute::int(i64::from(placement.size)));
+            p.map_or(0, |p| p.memory_mib * 1024 * 1024)
+        }
+    };
+    let consumes_counters = if gpu.counters.is_empty() {
+        Vec::new()
+    } else {
+        let c = consumption(d.kind, &gpu.table, &gpu.counters);
+        vec![Consumption {
+            counter_set: counter_set_name(info.index),
+            counters: c.into_iter().map(|(k, v)| (k, Quantity::of(v))).collect(),
+        }]
+    };
+    Device {
+        name: d.name(&gpu.table),
+        attributes,
+        capacity: [("memory".to_string(), Quantity::of(memory))].into_iter().collect(),
+        consumes_counters,
+    }
+}

@@ -1,0 +1,200 @@
+//! ResourceSlices of one node's pool (pure): the counter sets and the devices in publication
+//! order, split within the API's limits. The types serialize to `resource.k8s.io/v1`
+//! `ResourceSliceSpec` JSON (camelCase), and read it back.
+//!
+//! Since Kubernetes 1.35 a slice holds counter sets or devices, not both; at most 8 counter sets
+//! per slice, and at most 64 devices per slice when devices consume counters. The scheduler reads
+//! a pool's slices sorted by name, so device slices are named `<node>-<driver>-devices-<nnn>` in
+//! publication order and counter slices `<node>-<driver>-counters-<nnn>`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Counter sets per slice.
+pub const MAX_COUNTER_SETS: usize = 8;
+/// Devices per slice when they consume counters.
+pub const MAX_DEVICES: usize = 64;
+
+/// A quantity (`{"value": "8"}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quantity {
+    /// The value as the API writes it (plain integers here).
+    pub value: String,
+}
+
+impl Quantity {
+    /// An integer quantity.
+    pub fn of(v: u64) -> Self {
+        Self { value: v.to_string() }
+    }
+
+    /// The integer it holds (suffixes `Ki`, `Mi`, `Gi`, `Ti`, `k`, `M`, `G`, `T` understood).
+    pub fn as_u64(&self) -> Option<u64> {
+        let v = self.value.trim();
+        let units: [(&str, u64); 8] = [
+            ("Ki", 1 << 10),
+            ("Mi", 1 << 20),
+            ("Gi", 1 << 30),
+            ("Ti", 1 << 40),
+            ("k", 1000),
+            ("M", 1_000_000),
+            ("G", 1_000_000_000),
+            ("T", 1_000_000_000_000),
+        ];
+        for (suffix, mult) in units {
+            if let Some(n) = v.strip_suffix(suffix) {
+                return n.parse::<u64>().ok().and_then(|n| n.checked_mul(mult));
+            }
+        }
+        v.parse().ok()
+    }
+}
+
+/// A device attribute: exactly one of the fields is set.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Attribute {
+    /// A string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+    /// An integer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int: Option<i64>,
+    /// A boolean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bool: Option<bool>,
+    /// A semantic version (`8.0.0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+impl Attribute {
+    /// A string attribute.
+    pub fn string(s: impl Into<String>) -> Self {
+        Self { string: Some(s.into()), ..Self::default() }
+    }
+    /// An integer attribute.
+    pub fn int(i: i64) -> Self {
+        Self { int: Some(i), ..Self::default() }
+    }
+    /// A version attribute.
+    pub fn version(v: impl Into<String>) -> Self {
+        Self { version: Some(v.into()), ..Self::default() }
+    }
+    /// The value as text, whatever its type.
+    pub fn text(&self) -> Option<String> {
+        self.string
+            .clone()
+            .or_else(|| self.version.clone())
+            .or_else(|| self.int.map(|i| i.to_string()))
+            .or_else(|| self.bool.map(|b| b.to_string()))
+    }
+}
+
+/// One counter set (`sharedCounters[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterSet {
+    /// Its name (`gpu-<index>-counter-set`).
+    pub name: String,
+    /// Counter name → value.
+    pub counters: BTreeMap<String, Quantity>,
+}
+
+/// What a device takes from one counter set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Consumption {
+    /// The counter set's name.
+    pub counter_set: String,
+    /// Counter name → amount.
+    pub counters: BTreeMap<String, Quantity>,
+}
+
+/// One published device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    /// Its name, unique in the pool.
+    pub name: String,
+    /// Attributes (`type`, `profile`, …).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, Attribute>,
+    /// Capacities (`memory` in bytes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capacity: BTreeMap<String, Quantity>,
+    /// The counters it consumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub consumes_counters: Vec<Consumption>,
+}
+
+/// A pool's identity in each of its slices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pool {
+    /// The pool's name (the node's).
+    pub name: String,
+    /// The generation every slice of the pool carries.
+    pub generation: i64,
+    /// How many slices the pool has.
+    pub resource_slice_count: i64,
+}
+
+/// A ResourceSlice's spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SliceSpec {
+    /// The driver.
+    pub driver: String,
+    /// The pool.
+    pub pool: Pool,
+    /// The node the devices are on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Counter sets (a slice holds these or devices).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared_counters: Vec<CounterSet>,
+    /// Devices, in publication order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<Device>,
+}
+
+/// One slice to publish: its object name and spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slice {
+    /// `metadata.name`.
+    pub name: String,
+    /// `spec`.
+    pub spec: SliceSpec,
+}
+
+/// Lays a pool out in slices: counter sets first (8 per slice), then the devices in order (64 per
+/// slice), every slice with `generation` and the pool's slice count. A pool with nothing still
+/// gets one (empty) device slice, so the pool exists.
+pub fn layout(
+    driver: &str,
+    node: &str,
+    generation: i64,
+    counter_sets: Vec<CounterSet>,
+    devices: Vec<Device>,
+) -> Vec<Slice> {
+    let counter_chunks: Vec<Vec<CounterSet>> = counter_sets.chunks(MAX_COUNTER_SETS).map(<[_]>::to_vec).collect();
+    let mut device_chunks: Vec<Vec<Device>> = devices.chunks(MAX_DEVICES).map(<[_]>::to_vec).collect();
+    if device_chunks.is_empty() {
+        device_chunks.push(Vec::new());
+    }
+    let count = (counter_chunks.len() + device_chunks.len()) as i64;
+    let spec = |shared_counters, devices| SliceSpec {
+        driver: driver.to_string(),
+        pool: Pool { name: node.to_string(), generation, resource_slice_count: count },
+        node_name: Some(node.to_string()),
+        shared_counters,
+        devices,
+    };
+    let mut out = Vec::new();
+    for (i, c) in counter_chunks.into_iter().enumerate() {
+        out.push(Slice { name: format!("{node}-{driver}-counters-{i:03}"), spec: spec(c, Vec::new()) });
+    }
+    for (i, d) in device_chunks.into_iter().enumerate() {
+        out.push(Slice { name: format!("{node}-{driver}-devices-{i:03}"), spec: spec(Vec::new(), d) });
+    }
+    out
+}

@@ -1,0 +1,147 @@
+//! `gpupart agent --dra` (docs/dra.md): the node agent as a DRA kubelet plugin. It publishes
+//! every MIG placement and whole GPU this node can still give, in gpupart's order (the scheduler
+//! hands devices out first-fit in that order), prepares a claim by creating exactly the allocated
+//! placement, unprepares it when nothing uses it, and republishes whenever the occupancy
+//! changes: on every Prepare and Unprepare and, with the claim watch, as soon as a claim is
+//! allocated from this node's pool.
+
+pub use gpupart_node::dra::{cdi, checkpoint, devices, driver, order, publish, slices};
+
+pub mod claims;
+pub mod metrics;
+pub mod plugin;
+pub mod publisher;
+pub mod watch;
+
+use crate::kubelet::dra_plugin::{RegistrationLog, Sockets};
+use anyhow::Context;
+use gpupart_node::backend::{GpuBackend, GpuOptions};
+use gpupart_node::dra::driver::{Driver, DriverConfig};
+use plugin::DraNode;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Default `--driver-name`.
+pub const DEFAULT_DRIVER: &str = "gpu.gpupart.io";
+/// Default `--cdi-dir`.
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
+/// Default `--nvidia-caps-minors`.
+pub const DEFAULT_MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
+/// Default `--dra-state-dir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/gpupart/dra";
+
+/// What the plugin is told (from `gpupart agent --dra`'s flags).
+#[derive(Debug, Clone)]
+pub struct DraOptions {
+    /// The node (and pool) name.
+    pub node_name: Option<String>,
+    /// `--no-kube` was given (refused: the plugin needs the API).
+    pub no_kube: bool,
+    /// The DRA driver name.
+    pub driver_name: String,
+    /// The kubelet's plugin registry directory.
+    pub kubelet_registry_dir: std::path::PathBuf,
+    /// The kubelet's plugins directory.
+    pub kubelet_plugins_dir: std::path::PathBuf,
+    /// Where CDI specs go.
+    pub cdi_dir: std::path::PathBuf,
+    /// The MIG capability minors file.
+    pub nvidia_caps_minors: std::path::PathBuf,
+    /// Where the checkpoint lives.
+    pub dra_state_dir: std::path::PathBuf,
+    /// Watch ResourceClaims.
+    pub watch_claims: bool,
+    /// The node lock.
+    pub lock_file: std::path::PathBuf,
+    /// `/healthz`, `/readyz`, `/metrics`.
+    pub metrics_addr: std::net::SocketAddr,
+    /// HTTP connection limit.
+    pub http_max_connections: u32,
+    /// HTTP request timeout.
+    pub http_timeout: Duration,
+    /// Republish at least this often.
+    pub resync_interval: Duration,
+}
+
+/// Runs the DRA plugin until SIGTERM or SIGINT.
+pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
+    let node = a.node_name.clone().context("--dra needs the node name: --node-name or NODE_NAME (downward API)")?;
+    if a.no_kube {
+        anyhow::bail!("--dra publishes ResourceSlices and reads ResourceClaims through the Kubernetes API; it cannot run with --no-kube");
+    }
+    let _lock = crate::agent::lock::NodeLock::acquire(&a.lock_file)?;
+    let raw: Arc<dyn GpuBackend> = Arc::from(gpupart_node::backend::open(g)?);
+    let simulated = raw.is_simulated();
+    let metrics = Arc::new(crate::metrics::Metrics::for_dra(simulated));
+    let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
+    let cfg = DriverConfig {
+        pool: node.clone(),
+        cdi_dir: a.cdi_dir.clone(),
+        mig_minors: a.nvidia_caps_minors.clone(),
+        state_dir: a.dra_state_dir.clone(),
+    };
+    let mut driver = Driver::open(cfg).context("reading the DRA checkpoint")?;
+    let report = driver.start(backend.as_ref()).map_err(anyhow::Error::msg)?;
+    tracing::info!(
+        adopted = report.adopted,
+        forgotten = report.forgotten,
+        rolled_back = report.rolled_back,
+        finished = report.finished,
+        "checkpoint reconciled with the GPUs"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    let ended = runtime.block_on(async move {
+        let client = crate::kube::client().await?;
+        let health = Arc::new(crate::http::Health::default());
+        health.beat();
+        let listener = tokio::net::TcpListener::bind(a.metrics_addr)
+            .await
+            .with_context(|| format!("listening on {}", a.metrics_addr))?;
+        tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+        let http_state =
+            crate::http::HttpState { health: health.clone(), max_silence_secs: 600, metrics: metrics.clone() };
+        let limits =
+            crate::http::ServeLimits { max_connections: a.http_max_connections as usize, timeout: a.http_timeout };
+        tokio::spawn(async move { crate::http::serve(listener, crate::http::router(http_state), limits).await });
+        let publisher = publisher::Publisher::start(client.clone(), &a.driver_name, &node, backend.as_ref()).await?;
+        let dra = Arc::new(DraNode {
+            backend: backend.clone(),
+            driver: Mutex::new(driver),
+            client: client.clone(),
+            driver_name: a.driver_name.clone(),
+            node: node.clone(),
+            held: Arc::default(),
+            republish: Arc::default(),
+            metrics: metrics.clone(),
+        });
+        if a.watch_claims {
+            watch::spawn(client.clone(), a.driver_name.clone(), node.clone(), dra.held.clone(), dra.republish.clone());
+        }
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let sockets = Sockets {
+            driver: a.driver_name.clone(),
+            registry_dir: a.kubelet_registry_dir.clone(),
+            plugins_dir: a.kubelet_plugins_dir.clone(),
+            poll: Duration::from_millis(500),
+        };
+        let served = tokio::spawn(crate::kubelet::dra_plugin::serve(
+            sockets,
+            Arc::new(dra.clone()),
+            Arc::new(RegistrationLog::default()),
+            stop_rx,
+        ));
+        let publishing = tokio::spawn(plugin::publish_loop(dra.clone(), publisher, health, a.resync_interval));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+        }
+        let _ = stop_tx.send(true);
+        let _ = served.await;
+        publishing.abort();
+        anyhow::Ok(ExitCode::SUCCESS)
+    });
+    runtime.shutdown_background();
+    ended
+}

@@ -1,0 +1,199 @@
+//! The plugin's claim handling and publication loop: Prepare reads each claim from the API and
+//! has the node driver create its devices; Unprepare has them destroyed; both wake the
+//! publisher, which also runs on every claim-watch change and on the resync interval.
+
+use super::claims;
+use super::publisher::Publisher;
+use super::watch::Held;
+use crate::kubelet::dra::{Claim, Device, NodePrepareResourceResponse, NodeUnprepareResourceResponse};
+use crate::kubelet::dra_plugin::ClaimHandler;
+use crate::metrics::Metrics;
+use gpupart_node::backend::GpuBackend;
+use gpupart_node::dra::devices::DeviceRef;
+use gpupart_node::dra::driver::Driver;
+use gpupart_node::dra::order::order;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// Everything the plugin's handlers and publisher share.
+pub struct DraNode {
+    /// The GPUs.
+    pub backend: Arc<dyn GpuBackend>,
+    /// The node side: checkpoint, Prepare, Unprepare.
+    pub driver: Mutex<Driver>,
+    /// The API.
+    pub client: kube::Client,
+    /// The DRA driver name.
+    pub driver_name: String,
+    /// The node (and pool) name.
+    pub node: String,
+    /// Devices allocated to claims (from the watch).
+    pub held: Held,
+    /// Wakes the publisher.
+    pub republish: Arc<Notify>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl DraNode {
+    fn record(&self, op: &str, started: Instant, failed: Option<&str>) {
+        if let Some(m) = self.metrics.dra() {
+            m.operation(op, started.elapsed().as_secs_f64(), failed);
+        }
+    }
+
+    async fn prepare_one(self: &Arc<Self>, c: &Claim) -> Result<Vec<Device>, (String, &'static str)> {
+        let label = format!("{}/{}", c.namespace, c.name);
+        let read = claims::read(&self.client, &c.namespace, &c.name).await;
+        let wanted = read
+            .and_then(|rc| claims::to_prepare(&rc, &c.uid, &self.driver_name))
+            .map_err(|p| (format!("claim {label}: {p}"), reason_of(&p)))?;
+        let me = self.clone();
+        let granted = tokio::task::spawn_blocking(move || {
+            let mut d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
+            d.prepare(me.backend.as_ref(), &wanted)
+        })
+        .await
+        .map_err(|e| (format!("claim {label}: {e}"), "internal"))?
+        .map_err(|e| (e.to_string(), e.reason.as_str()))?;
+        Ok(granted
+            .into_iter()
+            .map(|g| Device {
+                request_names: g.requests,
+                pool_name: g.pool,
+                device_name: g.device,
+                cdi_device_ids: g.cdi_ids,
+                share_id: None,
+            })
+            .collect())
+    }
+}
+
+fn reason_of(p: &claims::ClaimProblem) -> &'static str {
+    match p {
+        claims::ClaimProblem::Api(_) => "api",
+        claims::ClaimProblem::Uid { .. } | claims::ClaimProblem::NotAllocated => "claim",
+        claims::ClaimProblem::OtherDrivers(..) => "unknown_device",
+        claims::ClaimProblem::Config { .. } => "config",
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimHandler for Arc<DraNode> {
+    async fn prepare(&self, claims: Vec<Claim>) -> HashMap<String, NodePrepareResourceResponse> {
+        let mut out = HashMap::new();
+        for c in claims {
+            let started = Instant::now();
+            let answer = match self.prepare_one(&c).await {
+                Ok(devices) => {
+                    self.record("prepare", started, None);
+                    NodePrepareResourceResponse { devices, error: String::new() }
+                }
+                Err((error, reason)) => {
+                    tracing::warn!(%error, "prepare failed");
+                    self.record("prepare", started, Some(reason));
+                    NodePrepareResourceResponse { devices: Vec::new(), error }
+                }
+            };
+            out.insert(c.uid, answer);
+        }
+        self.republish.notify_one();
+        out
+    }
+
+    async fn unprepare(&self, claims: Vec<Claim>) -> HashMap<String, NodeUnprepareResourceResponse> {
+        let mut out = HashMap::new();
+        for c in claims {
+            let started = Instant::now();
+            let me = self.clone();
+            let uid = c.uid.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                let mut d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
+                d.unprepare(me.backend.as_ref(), &uid)
+            })
+            .await;
+            let error = match done {
+                Ok(Ok(())) => {
+                    self.record("unprepare", started, None);
+                    String::new()
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "unprepare failed");
+                    self.record("unprepare", started, Some(e.reason.as_str()));
+                    e.to_string()
+                }
+                Err(e) => format!("claim {}/{}: {e}", c.namespace, c.name),
+            };
+            out.insert(c.uid, NodeUnprepareResourceResponse { error });
+        }
+        self.republish.notify_one();
+        out
+    }
+}
+
+/// Publishes now and whenever woken (or every `resync`); marks the plugin ready after the first
+/// publication.
+pub async fn publish_loop(
+    node: Arc<DraNode>,
+    mut publisher: Publisher,
+    health: Arc<crate::http::Health>,
+    resync: Duration,
+) {
+    let mut outage = crate::kube::outage::Outage::new("publishing ResourceSlices");
+    loop {
+        let me = node.clone();
+        let computed = tokio::task::spawn_blocking(move || {
+            let states = me.backend.observe_all()?;
+            let d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
+            let tables = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| s.profiles.clone());
+            let held = me.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let pending: Vec<DeviceRef> = held
+                .iter()
+                .filter(|(uid, _)| !d.is_prepared(uid))
+                .flat_map(|(_, names)| names.iter().filter_map(|n| DeviceRef::parse(n, tables)))
+                .collect();
+            let views = d.views(&states, &pending);
+            let offered = order(&views);
+            let allocated: Vec<DeviceRef> = d.prepared_devices().into_iter().chain(pending).collect();
+            let prepared = d.checkpoint().claims.len();
+            Ok::<_, gpupart_node::backend::BackendError>((states, offered, allocated, prepared))
+        })
+        .await;
+        match computed {
+            Ok(Ok((states, offered, allocated, prepared))) => {
+                let gpus = publisher.catalog.gpus(&states, &publisher.driver_version.clone());
+                match publisher.publish(&gpus, &offered, &allocated).await {
+                    Ok(p) => {
+                        outage.ok();
+                        health.beat();
+                        health.set_ready();
+                        if let Some(m) = node.metrics.dra() {
+                            m.published(p.devices, prepared);
+                        }
+                        node.metrics.update(&states, None, 0.0);
+                        tracing::debug!(
+                            devices = p.devices,
+                            written = p.written,
+                            deleted = p.deleted,
+                            generation = p.generation,
+                            "published"
+                        );
+                    }
+                    Err(e) => {
+                        let wait = outage.failed(&format!("{e:#}"));
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "reading the GPUs for publication failed"),
+            Err(e) => tracing::error!(error = %e, "the publication task failed"),
+        }
+        tokio::select! {
+            _ = node.republish.notified() => {}
+            _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Publishes the node's pool as ResourceSlices: the devices in gpupart's order (offered first,
+//! allocated after so the scheduler keeps counting their counters), rewritten in place when only
+//! the order or content changes (a pool whose slices carry different generations is unusable
+//! until all carry the new one), with the generation bumped only when the set of slices changes,
+//! then every slice written back to back and the stale ones deleted.
+
+use anyhow::Context;
+use gpupart_node::backend::GpuBackend;
+use gpupart_node::dra::devices::{gpu_counters, Capacities, DeviceRef};
+use gpupart_node::dra::publish::{counter_sets, device, PublishedGpu};
+use gpupart_node::dra::slices::{layout, Slice, SliceSpec};
+use gpupart_node::observed::GpuState;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use std::collections::{BTreeMap, HashMap};
+
+/// The GPUs as published: static facts and counter sets, computed once per model.
+#[derive(Default)]
+pub struct Catalog {
+    counters: HashMap<String, Capacities>,
+}
+
+impl Catalog {
+    /// The published form of the observed GPUs.
+    pub fn gpus(&mut self, states: &[GpuState], driver_version: &str) -> Vec<PublishedGpu> {
+        states
+            .iter()
+            .map(|s| {
+                let counters = if s.info.mig_capable && !s.profiles.profiles.is_empty() {
+                    self.counters.entry(s.info.model.clone()).or_insert_with(|| gpu_counters(&s.profiles)).clone()
+                } else {
+                    Capacities::new()
+                };
+                PublishedGpu {
+                    info: s.info.clone(),
+                    table: if s.info.mig_capable {
+                        s.profiles.clone()
+                    } else {
+                        gpupart_node::mig::ProfileTable::empty()
+                    },
+                    counters,
+                    driver_version: driver_version.to_string(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The slices of a pool: `offered` in order, then `allocated`.
+pub fn content(
+    driver: &str,
+    node: &str,
+    generation: i64,
+    gpus: &[PublishedGpu],
+    offered: &[DeviceRef],
+    allocated: &[DeviceRef],
+) -> Vec<Slice> {
+    let mut seen = std::collections::BTreeSet::new();
+    let devices = offered
+        .iter()
+        .chain(allocated)
+        .filter(|d| seen.insert(**d))
+        .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| device(g, *d)))
+        .collect();
+    layout(driver, node, generation, counter_sets(gpus), devices)
+}
+
+/// What one publication did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// Slices written (created or replaced).
+    pub written: usize,
+    /// Stale slices deleted.
+    pub deleted: usize,
+    /// Devices published.
+    pub devices: usize,
+    /// The pool's generation.
+    pub generation: i64,
+}
+
+/// The node's pool in the API.
+pub struct Publisher {
+    api: kube::Api<ResourceSlice>,
+    driver: String,
+    node: String,
+    generation: i64,
+    /// What the API holds of ours: name → (resourceVersion, spec).
+    current: BTreeMap<String, (Option<String>, SliceSpec)>,
+    /// The backend's driver version, read once.
+    pub driver_version: String,
+    /// Counter sets per model.
+    pub catalog: Catalog,
+}
+
+fn to_spec(s: &ResourceSlice) -> Option<SliceSpec> {
+    serde_json::to_value(&s.spec).ok().and_then(|v| serde_json::from_value(v).ok())
+}
+
+impl Publisher {
+    /// Reads what the API holds of this node's pool.
+    pub async fn start(
+        client: kube::Client,
+        driver: &str,
+        node: &str,
+        backend: &dyn GpuBackend,
+    ) -> anyhow::Result<Self> {
+        let api: kube::Api<ResourceSlice> = kube::Api::all(client);
+        let mut p = Self {
+            api,
+            driver: driver.to_string(),
+            node: node.to_string(),
+            generation: 0,
+            current: BTreeMap::new(),
+            driver_version: backend.driver_version().unwrap_or_default(),
+            catalog: Catalog::default(),
+        };
+        p.refresh().await?;
+        Ok(p)
+    }
+
+    /// Lists this node's slices of this driver.
+    async fn refresh(&mut self) -> anyhow::Result<()> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let list = self.api.list(&lp).await.context("listing this node's ResourceSlices")?;
+        self.current.clear();
+        for s in list.items.iter().filter(|s| s.spec.driver == self.driver) {
+            let Some(name) = s.metadata.name.clone() else { continue };
+            self.generation = self.generation.max(s.spec.pool.generation);
+            if let Some(spec) = to_spec(s) {
+                self.current.insert(name, (s.metadata.resource_version.clone(), spec));
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes `offered` (in order) and `allocated`: rewrites changed slices in place, bumps the
+    /// generation when the set of slices changes, deletes stale ones.
+    pub async fn publish(
+        &mut self,
+        gpus: &[PublishedGpu],
+        offered: &[DeviceRef],
+        allocated: &[DeviceRef],
+    ) -> anyhow::Result<Published> {
+        let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, allocated);
+        let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));
+        if !same_set || self.generation == 0 {
+            self.generation += 1;
+            slices = content(&self.driver, &self.node, self.generation, gpus, offered, allocated);
+        }
+        let mut out = Published {
+            generation: self.generation,
+            devices: slices.iter().map(|s| s.spec.devices.len()).sum(),
+            ..Published::default()
+        };
+        for s in &slices {
+            if self.current.get(&s.name).is_some_and(|(_, spec)| *spec == s.spec) {
+                continue;
+            }
+            self.write(s).await?;
+            out.written += 1;
+        }
+        let stale: Vec<String> =
+            self.current.keys().filter(|n| !slices.iter().any(|s| &s.name == *n)).cloned().collect();
+        for name in stale {
+            match self.api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(anyhow::Error::new(e).context(format!("deleting the stale ResourceSlice {name}"))),
+            }
+            self.current.remove(&name);
+            out.deleted += 1;
+        }
+        Ok(out)
+    }
+
+    async fn write(&mut self, s: &Slice) -> anyhow::Result<()> {
+        let spec = serde_json::from_value(serde_json::to_value(&s.spec)?).context("building a ResourceSlice")?;
+        let mut obj = ResourceSlice { metadata: Default::default(), spec };
+        obj.metadata.name = Some(s.name.clone());
+        let pp = PostParams { field_manager: Some(crate::kube::keys::FIELD_MANAGER.into()), ..Default::default() };
+        let written = match self.current.get(&s.name) {
+            Some((rv, _)) => {
+                obj.metadata.resource_version = rv.clone();
+                match self.api.replace(&s.name, &pp, &obj).await {
+                    Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                        // Changed or gone behind our back: read it again and write over it.
+                        obj.metadata.resource_version = None;
+                        match self.api.get_opt(&s.name).await? {
+                            Some(cur) => {
+                                obj.metadata.resource_version = cur.metadata.resource_version;
+                                self.api.replace(&s.name, &pp, &obj).await
+                            }
+                            None => self.api.create(&pp, &obj).await,
+                        }
+                    }
+                    other => other,
+                }
+            }
+            None => match self.api.create(&pp, &obj).await {
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    let cur = self.api.get(&s.name).await?;
+                    obj.metadata.resource_version = cur.metadata.resource_version;
+                    self.api.replace(&s.name, &pp, &obj).await
+                }
+                other => other,
+            },
+        }
+        .with_context(|| format!("writing the ResourceSlice {}", s.name))?;
+        self.current.insert(s.name.clone(), (written.metadata.resource_version.clone(), s.spec.clone()));
+        Ok(())
+    }
+}

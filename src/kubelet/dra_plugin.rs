@@ -1,0 +1,207 @@
+//! The DRA kubelet plugin's sockets: `Registration` on `<registry>/<driver>-reg.sock` (the
+//! kubelet finds it there, asks `GetInfo` and reports the outcome) and `DRAPlugin` on
+//! `<plugins>/<driver>/dra.sock`. Both sockets are owner-only; when either disappears (a kubelet
+//! restart cleaning its directories, or a hand), both are served again so the kubelet registers
+//! the plugin anew. The claims themselves are handled by a [`ClaimHandler`].
+
+use super::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
+use super::dra::{
+    Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+    NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
+};
+use super::registration::registration_server::{Registration, RegistrationServer};
+use super::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+/// The plugin type the kubelet expects.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+/// The DRA service versions served.
+pub const VERSIONS: &[&str] = &["v1.DRAPlugin"];
+/// Default `--kubelet-registry-dir`.
+pub const DEFAULT_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Default `--kubelet-plugins-dir`.
+pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+
+/// Prepares and unprepares claims (the plugin's one job).
+#[tonic::async_trait]
+pub trait ClaimHandler: Send + Sync + 'static {
+    /// Prepares each claim; a claim's error is its answer's `error`.
+    async fn prepare(&self, claims: Vec<Claim>) -> HashMap<String, NodePrepareResourceResponse>;
+    /// Unprepares each claim.
+    async fn unprepare(&self, claims: Vec<Claim>) -> HashMap<String, NodeUnprepareResourceResponse>;
+}
+
+/// Where the plugin's sockets go.
+#[derive(Debug, Clone)]
+pub struct Sockets {
+    /// The DRA driver's name.
+    pub driver: String,
+    /// The kubelet's plugin registry directory.
+    pub registry_dir: PathBuf,
+    /// The kubelet's plugins directory.
+    pub plugins_dir: PathBuf,
+    /// How often the sockets are checked.
+    pub poll: Duration,
+}
+
+impl Sockets {
+    /// `<registry>/<driver>-reg.sock`.
+    pub fn registration(&self) -> PathBuf {
+        self.registry_dir.join(format!("{}-reg.sock", self.driver))
+    }
+
+    /// `<plugins>/<driver>/dra.sock`.
+    pub fn service(&self) -> PathBuf {
+        self.plugins_dir.join(&self.driver).join("dra.sock")
+    }
+}
+
+/// What the kubelet said of the registrations so far.
+#[derive(Debug, Default)]
+pub struct RegistrationLog {
+    /// `GetInfo` calls answered.
+    pub infos: AtomicU64,
+    /// Successful registrations reported by the kubelet.
+    pub registered: AtomicU64,
+    /// Times the sockets were (re)created.
+    pub served: AtomicU64,
+}
+
+struct Reg {
+    info: PluginInfo,
+    log: Arc<RegistrationLog>,
+}
+
+#[tonic::async_trait]
+impl Registration for Reg {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        self.log.infos.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let s = req.into_inner();
+        if s.plugin_registered {
+            self.log.registered.fetch_add(1, Ordering::SeqCst);
+            tracing::info!(driver = %self.info.name, "the kubelet registered the DRA plugin");
+        } else {
+            tracing::error!(driver = %self.info.name, error = %s.error, "the kubelet refused the DRA plugin");
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+struct Service<H> {
+    handler: Arc<H>,
+}
+
+#[tonic::async_trait]
+impl<H: ClaimHandler> DraPlugin for Service<H> {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let claims = self.handler.prepare(req.into_inner().claims).await;
+        Ok(Response::new(NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let claims = self.handler.unprepare(req.into_inner().claims).await;
+        Ok(Response::new(NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+/// Binds a unix socket readable and writable by its owner only (the kubelet runs as root).
+fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+fn inode(p: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| m.ino())
+}
+
+/// Serves both sockets until `stop`; serves them again whenever one disappears.
+pub async fn serve<H: ClaimHandler>(
+    sockets: Sockets,
+    handler: Arc<H>,
+    log: Arc<RegistrationLog>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let info = PluginInfo {
+        r#type: PLUGIN_TYPE.to_string(),
+        name: sockets.driver.clone(),
+        endpoint: sockets.service().display().to_string(),
+        supported_versions: VERSIONS.iter().map(|v| v.to_string()).collect(),
+    };
+    loop {
+        let (reg_path, svc_path) = (sockets.registration(), sockets.service());
+        let bound = bind_private(&svc_path).and_then(|s| Ok((s, bind_private(&reg_path)?)));
+        let (svc, reg) = match bound {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, registration = %reg_path.display(), service = %svc_path.display(), "cannot listen for the kubelet; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(sockets.poll) => continue,
+                    _ = stop.changed() => return,
+                }
+            }
+        };
+        log.served.fetch_add(1, Ordering::SeqCst);
+        let (inodes, (halt_tx, halt_rx)) = ((inode(&reg_path), inode(&svc_path)), watch::channel(false));
+        let halted = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.changed().await;
+        };
+        let svc_task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(DraPluginServer::from_arc(Arc::new(Service { handler: handler.clone() })))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(svc),
+                    halted(halt_rx.clone()),
+                ),
+        );
+        let reg_task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(Reg { info: info.clone(), log: log.clone() }))
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(reg), halted(halt_rx)),
+        );
+        tracing::info!(registration = %reg_path.display(), service = %svc_path.display(), "serving the kubelet");
+        let stopping = loop {
+            tokio::select! {
+                _ = tokio::time::sleep(sockets.poll) => {}
+                _ = stop.changed() => break true,
+            }
+            if (inode(&reg_path), inode(&svc_path)) != inodes {
+                tracing::info!("a plugin socket disappeared (kubelet restart?); serving and registering again");
+                break false;
+            }
+        };
+        let _ = halt_tx.send(true);
+        let _ = svc_task.await;
+        let _ = reg_task.await;
+        if stopping {
+            let _ = std::fs::remove_file(&reg_path);
+            let _ = std::fs::remove_file(&svc_path);
+            return;
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The DRA test rig: the API test server with this node, the fake DRA kubelet, the real binary
+//! as `gpupart agent --dra` on the fake NVML, and the scheduler stand-in that allocates claims
+//! from the published ResourceSlices (tests/support/allocator.rs) and writes their status.
+#![allow(dead_code)]
+
+use super::allocator::{Allocated, Allocator, Request};
+use super::apiserver::ApiServer;
+use super::dra_kubelet::DraKubelet;
+use super::kube_agent::Agent;
+use super::{Backend, Node};
+use gpupart::dra::slices::SliceSpec;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+pub const NODE: &str = "gpu-node-1";
+pub const DRIVER: &str = "gpu.gpupart.io";
+
+/// Everything one DRA test needs.
+pub struct DraRig {
+    pub node: Node,
+    pub api: ApiServer,
+    pub kubelet: DraKubelet,
+    pub agent: Option<Agent>,
+    extra: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl DraRig {
+    /// A node of `spec` GPUs (MIG mode on for MIG-capable ones), the DeviceClasses, and the
+    /// plugin running.
+    pub fn start(spec: &str) -> Self {
+        Self::start_with(spec, &[], &[])
+    }
+
+    /// As [`DraRig::start`], with extra agent arguments and environment.
+    pub fn start_with(spec: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let node = Node::with(Backend::Nvml, spec);
+        let mut s = node.load();
+        for g in &mut s.gpus {
+            if g.catalog_model().is_some_and(|m| m.mig_capable()) {
+                g.mig_mode.current = true;
+                g.mig_mode.pending = true;
+            }
+        }
+        node.save(&s);
+        let mut minors = String::from("config 1\nmonitor 2\n");
+        for g in 0..s.gpus.len() {
+            for gi in 0..16 {
+                minors.push_str(&format!("gpu{g}/gi{gi}/access {}\n", 1000 + 100 * g + 2 * gi));
+                minors.push_str(&format!("gpu{g}/gi{gi}/ci0/access {}\n", 1000 + 100 * g + 2 * gi + 1));
+            }
+        }
+        std::fs::write(node.dir.path().join("mig-minors"), minors).unwrap();
+        let api = ApiServer::start(NODE);
+        for (name, sel) in [("gpu.gpupart.io", "gpu"), ("mig.gpupart.io", "mig")] {
+            let expr = format!("device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{sel}'");
+            api.put(
+                "deviceclasses",
+                json!({"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expr}}]}}),
+            );
+        }
+        let kubelet = DraKubelet::start(&node.dir.path().join("plugins_registry"));
+        let mut rig = Self {
+            node,
+            api,
+            kubelet,
+            agent: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        rig.launch();
+        rig
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.node.dir.path().join(p)
+    }
+
+    /// Starts (or restarts) the plugin.
+    pub fn launch(&mut self) {
+        self.agent = None;
+        let kubeconfig = self.api.kubeconfig(self.node.dir.path());
+        let paths =
+            ["plugins_registry", "plugins", "cdi", "mig-minors", "dra-state", "agent.lock"].map(|p| self.path(p));
+        let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+        let mut args: Vec<String> = [
+            "agent",
+            "--dra",
+            "--node-name",
+            NODE,
+            "--kubelet-registry-dir",
+            &s(&paths[0]),
+            "--kubelet-plugins-dir",
+            &s(&paths[1]),
+            "--cdi-dir",
+            &s(&paths[2]),
+            "--nvidia-caps-minors",
+            &s(&paths[3]),
+            "--dra-state-dir",
+            &s(&paths[4]),
+            "--lock-file",
+            &s(&paths[5]),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        args.extend(self.extra.iter().cloned());
+        let mut env: Vec<(String, String)> = self.env.clone();
+        env.push(("KUBECONFIG".into(), s(&kubeconfig)));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let envv: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let log = std::env::var_os("GPUPART_TEST_AGENT_LOG").and_then(|p| std::fs::File::create(p).ok());
+        let stderr = log.map_or_else(Stdio::null, Stdio::from);
+        let child = self.node.command(&argv, &envv).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
+        self.agent = Some(Agent(child));
+    }
+
+    /// Every ResourceSlice of the node: (name, spec), sorted by name.
+    pub fn slices(&self) -> Vec<(String, SliceSpec)> {
+        let mut out: Vec<(String, SliceSpec)> = self
+            .api
+            .store()
+            .all("resourceslices")
+            .into_iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    serde_json::from_value(o["spec"].clone()).expect("a ResourceSlice spec"),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The published device names, in the order the scheduler visits them.
+    pub fn device_order(&self) -> Vec<String> {
+        self.slices().iter().flat_map(|(_, s)| s.devices.iter().map(|d| d.name.clone())).collect()
+    }
+
+    /// Waits until the published pool satisfies `ok`.
+    pub fn wait_slices(&self, what: &str, ok: impl Fn(&[(String, SliceSpec)]) -> bool) -> Vec<(String, SliceSpec)> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = self.slices();
+            if !s.is_empty() && ok(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:?}",
+                s.iter().map(|x| &x.0).collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every device allocated to a claim of this driver.
+    pub fn allocated(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in self.api.store().all("resourceclaims") {
+            for r in c["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default() {
+                if r["driver"] == DRIVER {
+                    out.push(r["device"].as_str().unwrap_or_default().to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits (up to 3 s) until the publication reflects every allocation: allocated devices are
+    /// published after every offered one.
+    pub fn wait_caught_up(&self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let allocated = self.allocated();
+            let order = self.device_order();
+            let tail = order.len().saturating_sub(allocated.len());
+            if allocated.iter().all(|a| order.iter().position(|d| d == a).is_some_and(|i| i >= tail)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Creates a claim of `requests`: (request name, device class, CEL selector or "", count).
+    pub fn claim(&self, name: &str, requests: &[(&str, &str, &str, u32)]) -> String {
+        let reqs: Vec<Value> = requests
+            .iter()
+            .map(|(n, class, cel, count)| {
+                let mut exactly = json!({"deviceClassName": class, "allocationMode": "ExactCount", "count": count});
+                if !cel.is_empty() {
+                    exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
+                }
+                json!({"name": n, "exactly": exactly})
+            })
+            .collect();
+        let uid = format!("uid-{name}");
+        self.api.put(
+            "resourceclaims",
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": "ml", "uid": uid}, "spec": {"devices": {"requests": reqs}}}),
+        );
+        uid
+    }
+
+    /// A claim for one MIG device of `profile`.
+    pub fn mig_claim(&self, name: &str, profile: &str) -> String {
+        let cel = format!("device.attributes['{DRIVER}'].profile == '{profile}'");
+        self.claim(name, &[("gpu", "mig.gpupart.io", &cel, 1)])
+    }
+
+    /// The scheduler stand-in: allocates claim `name` from the published slices as kube-scheduler
+    /// would, and writes its `status.allocation`; `Err` says why it cannot be allocated.
+    pub fn schedule(&self, name: &str) -> Result<Vec<Allocated>, String> {
+        self.wait_caught_up();
+        let claim = self.api.get("resourceclaims", "ml", name).ok_or("no such claim")?;
+        let mut requests = Vec::new();
+        for r in claim["spec"]["devices"]["requests"].as_array().cloned().unwrap_or_default() {
+            let ex = &r["exactly"];
+            let class = ex["deviceClassName"].as_str().unwrap_or_default();
+            let class_obj = self.api.get("deviceclasses", "", class).ok_or(format!("no DeviceClass {class}"))?;
+            let mut req =
+                Request::new(r["name"].as_str().unwrap_or_default(), &[], ex["count"].as_u64().unwrap_or(1) as usize);
+            let exprs = class_obj["spec"]["selectors"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .chain(ex["selectors"].as_array().cloned().unwrap_or_default());
+            for s in exprs {
+                parse_cel(s["cel"]["expression"].as_str().unwrap_or_default(), &mut req)?;
+            }
+            requests.push(req);
+        }
+        let mut alloc = Allocator { slices: self.slices(), ..Allocator::default() };
+        for c in self.api.store().all("resourceclaims") {
+            for r in c["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default() {
+                let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+                alloc.allocated.insert((s("driver"), s("pool"), s("device")));
+            }
+        }
+        let got = alloc.allocate(&requests).ok_or_else(|| format!("cannot allocate all claims ({name})"))?;
+        let results: Vec<Value> = got
+            .iter()
+            .map(|a| json!({"request": a.request, "driver": a.driver, "pool": a.pool, "device": a.device}))
+            .collect();
+        let key = ("resourceclaims".to_string(), "ml".to_string(), name.to_string());
+        self.api.change(|s| {
+            let mut c = s.objects.get(&key).cloned().unwrap();
+            c["status"] = json!({"allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}});
+            s.put(key.clone(), c);
+        });
+        Ok(got)
+    }
+
+    /// Deallocates a claim (the pod is gone) and deletes it.
+    pub fn delete_claim(&self, name: &str) {
+        self.api.delete("resourceclaims", "ml", name);
+    }
+
+    /// The kubelet prepares claim `name`: its devices' CDI ids, or the error.
+    pub fn prepare(&self, name: &str) -> Result<Vec<(String, Vec<String>)>, String> {
+        let uid = format!("uid-{name}");
+        let mut answers = self.kubelet.prepare(&[("ml", name, &uid)]);
+        let a = answers.remove(&uid).ok_or("no answer for the claim")?;
+        if !a.error.is_empty() {
+            return Err(a.error);
+        }
+        Ok(a.devices.into_iter().map(|d| (d.device_name, d.cdi_device_ids)).collect())
+    }
+
+    /// The kubelet unprepares claim `name`: "" or the error.
+    pub fn unprepare(&self, name: &str) -> String {
+        let uid = format!("uid-{name}");
+        self.kubelet.unprepare(&[("ml", name, &uid)]).remove(&uid).unwrap_or_default()
+    }
+}
+
+/// Reads the CEL subset gpupart's classes and the tests use: `&&` of `device.driver == 'X'` and
+/// `device.attributes['D'].NAME == 'V'`; anything else is an error naming it.
+fn parse_cel(expr: &str, req: &mut Request) -> Result<(), String> {
+    for term in expr.split("&&").map(str::trim).filter(|t| !t.is_empty()) {
+        let (lhs, rhs) = term.split_once("==").ok_or(format!("the stand-in does not serve CEL {term:?}"))?;
+        let value = rhs.trim().trim_matches(|c| c == '\'' || c == '"').to_string();
+        let lhs = lhs.trim();
+        if lhs == "device.driver" {
+            req.driver = Some(value);
+        } else if let Some(rest) = lhs.strip_prefix("device.attributes[") {
+            let (_, attr) = rest.split_once("].").ok_or(format!("the stand-in does not serve CEL {term:?}"))?;
+            req.selectors.push((attr.to_string(), value));
+        } else {
+            return Err(format!("the stand-in does not serve CEL {term:?}"));
+        }
+    }
+    Ok(())
+}
