@@ -22,6 +22,7 @@ use gpupart::dra::slices::layout;
 use gpupart::mig::capacity::Occupancy;
 use rng::Rng;
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 const DRIVER: &str = "gpu.gpupart.io";
 const NODE: &str = "node-a";
@@ -333,7 +334,93 @@ fn bound(asks: &[Ask], events: &[Event]) -> Tally {
     t
 }
 
+/// Prepare and Unprepare latency through the node driver on the simulator with `delay` per NVML
+/// change; and the time to compute one publication (order and slices) of a full node.
+fn latencies(model: &str, delay: Duration) {
+    use gpupart::dra::driver::{AllocatedDevice, ClaimToPrepare, Driver, DriverConfig};
+    let dir = std::env::temp_dir().join(format!("gpupart-dra-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = DriverConfig {
+        pool: NODE.into(),
+        cdi_dir: dir.join("cdi"),
+        mig_minors: dir.join("mig-minors"),
+        state_dir: dir.join("state"),
+    };
+    let b = SimBackend::open(Some(&format!("{model}:{GPUS}")), None).expect("simulator");
+    for i in 0..GPUS {
+        b.set_mig_mode(i, true).expect("MIG on");
+        b.reset_gpu(i).expect("reset");
+    }
+    let b = b.with_op_delay(delay);
+    let mut minors = String::new();
+    for g in 0..GPUS {
+        for gi in 0..16 {
+            minors.push_str(&format!(
+                "gpu{g}/gi{gi}/access {}\ngpu{g}/gi{gi}/ci0/access {}\n",
+                1000 + 2 * gi,
+                1001 + 2 * gi
+            ));
+        }
+    }
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(&cfg.mig_minors, minors).expect("minors");
+    let mut d = Driver::open(cfg).expect("driver");
+    let mut prepare = Vec::new();
+    let mut unprepare = Vec::new();
+    let mut publish = Vec::new();
+    let mut node = Node::new(model);
+    for round in 0..5 {
+        let mut uids = Vec::new();
+        for i in 0..8 {
+            let views = d.views(&b.observe_all().expect("observe"), &[]);
+            let offered = order(&views);
+            node.views = views;
+            let t = Instant::now();
+            node.publish_gpupart();
+            publish.push(t.elapsed());
+            let first = offered.iter().find(|x| matches!(x.kind, DeviceKind::Mig { .. })).expect("a MIG device");
+            let name = first.name(&node.gpus[first.gpu as usize].table);
+            let uid = format!("c{round}-{i}");
+            let claim = ClaimToPrepare {
+                uid: uid.clone(),
+                namespace: "ml".into(),
+                name: uid.clone(),
+                devices: vec![AllocatedDevice { request: "gpu".into(), pool: NODE.into(), device: name }],
+            };
+            let t = Instant::now();
+            d.prepare(&b, &claim).expect("prepared");
+            prepare.push(t.elapsed());
+            uids.push(uid);
+        }
+        for uid in uids {
+            let t = Instant::now();
+            d.unprepare(&b, &uid).expect("unprepared");
+            unprepare.push(t.elapsed());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let pct = |v: &mut Vec<Duration>, p: f64| {
+        v.sort();
+        v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+    };
+    println!(
+        "{model:<16} {:>4} ms/change  prepare p50 {:>6.0} ms p99 {:>6.0} ms   unprepare p50 {:>6.0} ms p99 {:>6.0} ms   publication p50 {:>6.1} ms p99 {:>6.1} ms",
+        delay.as_millis(),
+        pct(&mut prepare, 0.5),
+        pct(&mut prepare, 0.99),
+        pct(&mut unprepare, 0.5),
+        pct(&mut unprepare, 0.99),
+        pct(&mut publish, 0.5),
+        pct(&mut publish, 0.99),
+    );
+}
+
 fn main() {
+    println!("Latency on one node of {GPUS} GPUs (40 one-instance claims, the simulator; publication = order + slices of the node):");
+    for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
+        latencies(model, Duration::from_millis(50));
+    }
+    println!();
     println!("{CLAIMS} claims per run on one node of {GPUS} GPUs; load = offered memory slices / capacity;");
     println!("whole = weight of whole-GPU claims relative to the default mix; 'with capacity' = refused although");
     println!("a GPU had the slices (MIG) or the node's free slices added up to the GPUs asked (whole), MIG ones in ()");

@@ -175,3 +175,229 @@ fn bad_claims_get_an_error_naming_them_and_create_nothing() {
     rig.api.come_back();
     rig.prepare("later").expect("the kubelet's retry works");
 }
+
+#[test]
+fn a_failed_prepare_is_an_event_on_the_claim() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    rig.mig_claim("theirs", "1g.10gb");
+    let key = ("resourceclaims".to_string(), "ml".to_string(), "theirs".to_string());
+    rig.api.change(|s| {
+        let mut c = s.objects.get(&key).cloned().unwrap();
+        c["status"] = serde_json::json!({"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"}]}}});
+        s.put(key.clone(), c);
+    });
+    let e = rig.prepare("theirs").unwrap_err();
+    rig.prepare("theirs").unwrap_err();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let events: Vec<_> =
+            rig.api.events().into_iter().filter(|(n, r, _)| n == "theirs" && r == "PrepareFailed").collect();
+        if !events.is_empty() {
+            assert_eq!(events.len(), 1, "one Event for a repeated failure: {events:?}");
+            assert_eq!(events[0].2, e);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no PrepareFailed Event: {:?}", rig.api.events());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_kill_in_the_middle_of_prepare_converges_after_a_restart() {
+    let rig = DraRig::start_with("A100-SXM4-80GB:1", &[], &[("FAKE_NVML_OP_DELAY_MS", "400")]);
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    rig.mig_claim("slow", "3g.40gb");
+    let got = rig.schedule("slow").unwrap();
+    std::thread::scope(|s| {
+        let prepare = s.spawn(|| rig.prepare("slow"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while rig.node.load().gpus[0].gpu_instances.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the GPU instance was never created");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        rig.kill();
+        assert!(prepare.join().unwrap().is_err(), "the kubelet's call died with the plugin");
+    });
+    let st = rig.node.load();
+    assert_eq!(st.gpus[0].gpu_instances.len(), 1, "killed with a half-made instance");
+    rig.launch();
+    rig.kubelet.wait_registered(2);
+    // The kubelet retries: exactly the allocated instance, once.
+    let prepared = rig.prepare("slow").expect("prepared after the restart");
+    assert_eq!(prepared[0].0, got[0].device);
+    let st = rig.node.load();
+    assert_eq!(st.gpus[0].gpu_instances.len(), 1, "{:?}", st.gpus[0].gpu_instances);
+    assert_eq!(st.gpus[0].gpu_instances[0].compute_instances.len(), 1);
+    let start = got[0].device.rsplit('-').next().unwrap().parse::<u32>().unwrap();
+    assert_eq!(st.gpus[0].gpu_instances[0].placement.start, start);
+}
+
+#[test]
+fn a_foreign_instance_is_never_offered_over_nor_destroyed() {
+    let rig = DraRig::start_after("A100-SXM4-80GB:1", &[], &[], |s| {
+        // A 1g.10gb at slice 6, made by hand before the plugin started.
+        s.gpus[0].gpu_instances.push(gpupart::mig::sim::SimGi {
+            id: 9,
+            profile_id: 19,
+            placement: gpupart::mig::Placement::new(6, 1),
+            processes: Vec::new(),
+            compute_instances: vec![gpupart::mig::sim::SimCi {
+                id: 0,
+                profile_id: 0,
+                placement: gpupart::mig::Placement::new(0, 1),
+                uuid: "MIG-00000000-0000-4000-8000-00000000f00d".into(),
+                processes: Vec::new(),
+            }],
+        });
+    });
+    rig.kubelet.wait_registered(1);
+    let slices = rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    for d in slices.iter().flat_map(|(_, s)| s.devices.iter()) {
+        assert_ne!(d.name, "gpu-0", "the GPU is not idle");
+        let start = d.attributes.get("placementStart").and_then(|a| a.int).unwrap_or(0);
+        let size = d.attributes.get("placementSize").and_then(|a| a.int).unwrap_or(8);
+        assert!(start + size <= 6, "{} overlaps the foreign instance", d.name);
+    }
+    rig.launch();
+    rig.kubelet.wait_registered(2);
+    rig.mig_claim("small", "1g.10gb");
+    rig.schedule("small").unwrap();
+    rig.prepare("small").unwrap();
+    let gis = rig.node.load().gpus[0].gpu_instances.clone();
+    assert_eq!(gis.len(), 2);
+    assert!(gis.iter().any(|g| g.id == 9 && g.placement.start == 6), "the foreign instance stays");
+}
+
+#[test]
+fn a_whole_gpu_claim_turns_mig_off_and_the_gpu_returns_to_mig_after() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    rig.claim("whole", &[("gpu", "gpu.gpupart.io", "", 1)]);
+    let got = rig.schedule("whole").unwrap();
+    assert_eq!(got[0].device, "gpu-0");
+    rig.prepare("whole").expect("prepared");
+    assert!(!rig.node.load().gpus[0].mig_mode.current, "MIG off for a whole GPU");
+    rig.wait_slices("no MIG device offered while the GPU is held whole", |s| {
+        s.iter().flat_map(|(_, x)| x.devices.iter()).all(|d| d.name == "gpu-0")
+    });
+    assert_eq!(rig.unprepare("whole"), "");
+    assert!(rig.node.load().gpus[0].mig_mode.current, "back in MIG mode");
+}
+
+#[test]
+fn a_classic_extended_resource_request_gets_a_dynamically_created_instance() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    let text =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dra/deviceclasses.yaml"))
+            .unwrap();
+    for class in serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap() {
+        rig.api.put("deviceclasses", class);
+    }
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    // What the scheduler makes for a pod asking `nvidia.com/mig-2g.20gb: 1`.
+    rig.claim("pod-a-extended-resources", &[("container-0-request-0", "mig-2g.20gb.gpupart.io", "", 1)]);
+    let got = rig.schedule("pod-a-extended-resources").unwrap();
+    assert!(got[0].device.starts_with("gpu-0-mig-2g-20gb-"), "{got:?}");
+    rig.prepare("pod-a-extended-resources").unwrap();
+    let gis = rig.node.load().gpus[0].gpu_instances.clone();
+    assert_eq!(gis.len(), 1);
+    assert_eq!(gis[0].placement.size, 2);
+}
+
+#[test]
+fn a_4g_still_fits_after_small_claims_come_and_go() {
+    // One A100: three 1g.10gb claims, one leaves, another comes, then a 4g.40gb. In index order
+    // the 1g claims would hold slices 0..2 and the 4g (placement 0 only) would be refused.
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    for name in ["a", "b", "c"] {
+        rig.mig_claim(name, "1g.10gb");
+        rig.schedule(name).unwrap();
+        rig.prepare(name).unwrap();
+    }
+    assert_eq!(rig.unprepare("b"), "");
+    rig.delete_claim("b");
+    rig.mig_claim("d", "1g.10gb");
+    rig.schedule("d").unwrap();
+    rig.prepare("d").unwrap();
+    rig.mig_claim("big", "4g.40gb");
+    let got = rig.schedule("big").expect("the 4g still fits");
+    assert!(got[0].device.ends_with("-0"), "{got:?}");
+    rig.prepare("big").unwrap();
+    assert_eq!(rig.node.load().gpus[0].gpu_instances.len(), 4);
+}
+
+/// The plugin's resident memory, in KiB.
+fn rss_kib(rig: &DraRig) -> u64 {
+    let pid = rig.agent.lock().unwrap().as_ref().unwrap().0.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).unwrap().parse().unwrap()
+}
+
+#[test]
+fn ten_thousand_claims_in_the_cluster_only_this_pools_count() {
+    let rig = DraRig::start("A100-SXM4-80GB:2");
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    let before = rss_kib(&rig);
+    // 9,996 claims allocated on other nodes' pools, 4 on this one.
+    let ours = ["gpu-1-mig-1g-10gb-19-0", "gpu-1-mig-1g-10gb-19-1", "gpu-1-mig-2g-20gb-14-2", "gpu-1-mig-3g-40gb-9-4"];
+    rig.api.change(|s| {
+        for i in 0..10_000 {
+            let (pool, device) = match ours.get(i) {
+                Some(d) => (NODE.to_string(), d.to_string()),
+                None => (format!("node-{}", i % 500), format!("gpu-{}-mig-1g-10gb-19-{}", i % 8, i % 7)),
+            };
+            let name = format!("claim-{i}");
+            let claim = serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.gpupart.io", "count": 1}}]}},
+                "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}]}}},
+            });
+            s.put(("resourceclaims".into(), "ml".into(), name), claim);
+        }
+    });
+    assert!(rig.wait_caught_up(), "the publication counts this pool's four allocations as taken");
+    let order = rig.device_order();
+    for d in ours {
+        let at = order
+            .iter()
+            .position(|x| x == d)
+            .unwrap_or_else(|| panic!("{d} is still published (allocated, after the offered ones)"));
+        assert!(at >= order.len() - ours.len(), "{d} is offered at {at} of {}", order.len());
+    }
+    assert!(!order.iter().take(order.len() - ours.len()).any(|d| d == "gpu-1"), "GPU 1 is not idle any more");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let after = rss_kib(&rig);
+    eprintln!(
+        "plugin RSS: {before} KiB before, {after} KiB with 10,000 claims in the cluster (+{} KiB)",
+        after.saturating_sub(before)
+    );
+}
+
+#[test]
+fn the_claim_watch_counts_an_allocation_before_prepare_and_can_be_off() {
+    for watch in [true, false] {
+        let extra: &[&str] = if watch { &[] } else { &["--watch-claims=false"] };
+        let rig = DraRig::start_with("A100-SXM4-80GB:1", extra, &[]);
+        rig.kubelet.wait_registered(1);
+        rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+        rig.mig_claim("early", "1g.10gb");
+        rig.schedule("early").unwrap();
+        // Allocated, not prepared: with the watch the next publication already counts it.
+        let t = std::time::Instant::now();
+        assert_eq!(rig.wait_caught_up(), watch, "watch {watch}");
+        if watch {
+            eprintln!("allocation to republication: {} ms", t.elapsed().as_millis());
+        }
+        rig.prepare("early").unwrap();
+        assert!(rig.wait_caught_up(), "Prepare republishes (watch {watch})");
+    }
+}

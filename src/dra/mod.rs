@@ -8,6 +8,7 @@
 pub use gpupart_node::dra::{cdi, checkpoint, devices, driver, order, publish, slices};
 
 pub mod claims;
+pub mod events;
 pub mod metrics;
 pub mod plugin;
 pub mod publisher;
@@ -114,6 +115,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             held: Arc::default(),
             republish: Arc::default(),
             metrics: metrics.clone(),
+            events: events::ClaimEvents::new(client.clone(), &node),
         });
         if a.watch_claims {
             watch::spawn(client.clone(), a.driver_name.clone(), node.clone(), dra.held.clone(), dra.republish.clone());

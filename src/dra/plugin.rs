@@ -35,6 +35,8 @@ pub struct DraNode {
     pub republish: Arc<Notify>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Events on claims that failed.
+    pub events: super::events::ClaimEvents,
 }
 
 impl DraNode {
@@ -89,11 +91,13 @@ impl ClaimHandler for Arc<DraNode> {
             let answer = match self.prepare_one(&c).await {
                 Ok(devices) => {
                     self.record("prepare", started, None);
+                    self.events.forget(&c.uid);
                     NodePrepareResourceResponse { devices, error: String::new() }
                 }
                 Err((error, reason)) => {
                     tracing::warn!(%error, "prepare failed");
                     self.record("prepare", started, Some(reason));
+                    self.events.prepare_failed(&c.namespace, &c.name, &c.uid, &error);
                     NodePrepareResourceResponse { devices: Vec::new(), error }
                 }
             };

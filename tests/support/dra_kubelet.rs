@@ -89,15 +89,24 @@ impl DraKubelet {
 
     /// `NodePrepareResources` for these claims (namespace, name, uid), as the kubelet calls it.
     pub fn prepare(&self, claims: &[(&str, &str, &str)]) -> BTreeMap<String, NodePrepareResourceResponse> {
+        self.try_prepare(claims).expect("NodePrepareResources answers")
+    }
+
+    /// As [`DraKubelet::prepare`]; `Err` when the call itself fails (no plugin, a dropped
+    /// connection).
+    pub fn try_prepare(
+        &self,
+        claims: &[(&str, &str, &str)],
+    ) -> Result<BTreeMap<String, NodePrepareResourceResponse>, String> {
         let endpoint = self.endpoint();
         let claims = to_claims(claims);
         self.runtime.block_on(async move {
-            let channel = gpupart::kubelet::unix_channel(endpoint).await.expect("the plugin's endpoint");
+            let channel = gpupart::kubelet::unix_channel(endpoint).await.map_err(|e| e.to_string())?;
             let resp = DraPluginClient::new(channel)
                 .node_prepare_resources(NodePrepareResourcesRequest { claims })
                 .await
-                .expect("NodePrepareResources answers");
-            resp.into_inner().claims.into_iter().collect()
+                .map_err(|s| s.to_string())?;
+            Ok(resp.into_inner().claims.into_iter().collect())
         })
     }
 

@@ -22,7 +22,7 @@ pub struct DraRig {
     pub node: Node,
     pub api: ApiServer,
     pub kubelet: DraKubelet,
-    pub agent: Option<Agent>,
+    pub agent: std::sync::Mutex<Option<Agent>>,
     extra: Vec<String>,
     env: Vec<(String, String)>,
 }
@@ -36,6 +36,16 @@ impl DraRig {
 
     /// As [`DraRig::start`], with extra agent arguments and environment.
     pub fn start_with(spec: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_after(spec, extra, env, |_| {})
+    }
+
+    /// As [`DraRig::start_with`], changing the simulated GPUs with `edit` before the plugin starts.
+    pub fn start_after(
+        spec: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        edit: impl FnOnce(&mut gpupart::mig::sim::SimState),
+    ) -> Self {
         let node = Node::with(Backend::Nvml, spec);
         let mut s = node.load();
         for g in &mut s.gpus {
@@ -44,6 +54,7 @@ impl DraRig {
                 g.mig_mode.pending = true;
             }
         }
+        edit(&mut s);
         node.save(&s);
         let mut minors = String::from("config 1\nmonitor 2\n");
         for g in 0..s.gpus.len() {
@@ -62,11 +73,11 @@ impl DraRig {
             );
         }
         let kubelet = DraKubelet::start(&node.dir.path().join("plugins_registry"));
-        let mut rig = Self {
+        let rig = Self {
             node,
             api,
             kubelet,
-            agent: None,
+            agent: std::sync::Mutex::new(None),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
@@ -78,9 +89,14 @@ impl DraRig {
         self.node.dir.path().join(p)
     }
 
+    /// Kills the plugin (SIGKILL, wherever it is).
+    pub fn kill(&self) {
+        *self.agent.lock().unwrap() = None;
+    }
+
     /// Starts (or restarts) the plugin.
-    pub fn launch(&mut self) {
-        self.agent = None;
+    pub fn launch(&self) {
+        self.kill();
         let kubeconfig = self.api.kubeconfig(self.node.dir.path());
         let paths =
             ["plugins_registry", "plugins", "cdi", "mig-minors", "dra-state", "agent.lock"].map(|p| self.path(p));
@@ -116,7 +132,7 @@ impl DraRig {
         let log = std::env::var_os("GPUPART_TEST_AGENT_LOG").and_then(|p| std::fs::File::create(p).ok());
         let stderr = log.map_or_else(Stdio::null, Stdio::from);
         let child = self.node.command(&argv, &envv).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
-        self.agent = Some(Agent(child));
+        *self.agent.lock().unwrap() = Some(Agent(child));
     }
 
     /// Every ResourceSlice of the node: (name, spec), sorted by name.
@@ -159,12 +175,12 @@ impl DraRig {
         }
     }
 
-    /// Every device allocated to a claim of this driver.
+    /// Every device of this node's pool allocated to a claim.
     pub fn allocated(&self) -> Vec<String> {
         let mut out = Vec::new();
         for c in self.api.store().all("resourceclaims") {
             for r in c["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default() {
-                if r["driver"] == DRIVER {
+                if r["driver"] == DRIVER && r["pool"] == NODE {
                     out.push(r["device"].as_str().unwrap_or_default().to_string());
                 }
             }
@@ -265,10 +281,11 @@ impl DraRig {
         self.api.delete("resourceclaims", "ml", name);
     }
 
-    /// The kubelet prepares claim `name`: its devices' CDI ids, or the error.
+    /// The kubelet prepares claim `name`: its devices' CDI ids, or the error (also when the
+    /// plugin went away during the call).
     pub fn prepare(&self, name: &str) -> Result<Vec<(String, Vec<String>)>, String> {
         let uid = format!("uid-{name}");
-        let mut answers = self.kubelet.prepare(&[("ml", name, &uid)]);
+        let mut answers = self.kubelet.try_prepare(&[("ml", name, &uid)])?;
         let a = answers.remove(&uid).ok_or("no answer for the claim")?;
         if !a.error.is_empty() {
             return Err(a.error);
