@@ -609,6 +609,8 @@ impl AgentArgs {
             http_max_connections: self.http_max_connections,
             http_timeout: self.http_timeout,
             resync_interval: self.resync_interval,
+            annotation_prefix: self.annotation_prefix.clone(),
+            annotation_min_interval: self.annotation_min_interval,
         }
     }
 }

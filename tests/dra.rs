@@ -401,3 +401,24 @@ fn the_claim_watch_counts_an_allocation_before_prepare_and_can_be_off() {
         assert!(rig.wait_caught_up(), "Prepare republishes (watch {watch})");
     }
 }
+
+#[test]
+fn the_node_summary_annotations_are_written_as_in_label_mode() {
+    let rig = DraRig::start_with("A100-SXM4-80GB:1", &["--annotation-min-interval", "200ms"], &[]);
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    rig.mig_claim("a", "3g.40gb");
+    rig.schedule("a").unwrap();
+    rig.prepare("a").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let a = rig.api.state().annotations;
+        if a.get("gpupart.io/gpus").is_some_and(|g| g.contains("3g.40gb@"))
+            && a.contains_key("gpupart.io/fragmentation")
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no summary annotations: {a:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

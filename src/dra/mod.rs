@@ -63,6 +63,10 @@ pub struct DraOptions {
     pub http_timeout: Duration,
     /// Republish at least this often.
     pub resync_interval: Duration,
+    /// Prefix of the node summary annotations.
+    pub annotation_prefix: String,
+    /// Shortest interval between two summary writes.
+    pub annotation_min_interval: Duration,
 }
 
 /// Runs the DRA plugin until SIGTERM or SIGINT.
@@ -116,6 +120,14 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             republish: Arc::default(),
             metrics: metrics.clone(),
             events: events::ClaimEvents::new(client.clone(), &node),
+            summaries: crate::kube::KubeReporter::spawn(
+                client.clone(),
+                node.clone(),
+                std::env::var("POD_NAME").unwrap_or_else(|_| node.clone()),
+                a.annotation_prefix.clone(),
+                a.annotation_min_interval,
+                simulated,
+            ),
         });
         if a.watch_claims {
             watch::spawn(client.clone(), a.driver_name.clone(), node.clone(), dra.held.clone(), dra.republish.clone());

@@ -37,6 +37,8 @@ pub struct DraNode {
     pub metrics: Arc<Metrics>,
     /// Events on claims that failed.
     pub events: super::events::ClaimEvents,
+    /// The node summary annotations (as the label-driven agent writes them).
+    pub summaries: crate::kube::KubeReporter,
 }
 
 impl DraNode {
@@ -177,6 +179,10 @@ pub async fn publish_loop(
                             m.published(p.devices, prepared);
                         }
                         node.metrics.update(&states, None, 0.0);
+                        let frags = gpupart_node::frag::node_gpu_frags(&states, &[], None);
+                        let totals = gpupart_node::frag::node_frag(&frags);
+                        node.summaries
+                            .publish_summary(crate::kube::summary::summarize(&states, &frags, &totals, false));
                         tracing::debug!(
                             devices = p.devices,
                             written = p.written,
