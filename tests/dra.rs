@@ -422,3 +422,27 @@ fn the_node_summary_annotations_are_written_as_in_label_mode() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_claim_with_two_requests_gets_both_devices_packed_and_prepared() {
+    let rig = DraRig::start("A100-SXM4-80GB:2");
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    let small = format!("device.attributes['{DRIVER}'].profile == '1g.10gb'");
+    let mid = format!("device.attributes['{DRIVER}'].profile == '2g.20gb'");
+    rig.claim("pair", &[("draft", "mig.gpupart.io", &small, 1), ("target", "mig.gpupart.io", &mid, 1)]);
+    let got = rig.schedule("pair").unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(gpu_of(&got[0].device), gpu_of(&got[1].device), "both on one GPU: {got:?}");
+    let prepared = rig.prepare("pair").unwrap();
+    assert_eq!(prepared.len(), 2);
+    let g = gpu_of(&got[0].device) as usize;
+    assert_eq!(rig.node.load().gpus[g].gpu_instances.len(), 2);
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(rig.path("cdi").join("k8s.gpu.gpupart.io-claim_uid-pair.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(spec["devices"].as_array().unwrap().len(), 2);
+    assert_eq!(rig.unprepare("pair"), "");
+    assert!(rig.node.load().gpus[g].gpu_instances.is_empty());
+}
