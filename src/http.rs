@@ -89,6 +89,14 @@ async fn metrics(State(s): State<HttpState>, headers: axum::http::HeaderMap) -> 
     }
 }
 
+/// Listens on `addr` for `/healthz`, `/readyz` and `/metrics`, saying so in the log.
+pub async fn listen(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    use anyhow::Context;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+    Ok(listener)
+}
+
 /// The router.
 pub fn router(state: HttpState) -> Router {
     Router::new()

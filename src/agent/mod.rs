@@ -299,10 +299,7 @@ async fn async_main(
     let Outputs { metrics, reporter, summaries, mps, plugin, pod_source, hooks: agent_hooks } = outputs;
     let health = Arc::new(Health::default());
     health.beat();
-    let listener = tokio::net::TcpListener::bind(a.metrics_addr)
-        .await
-        .with_context(|| format!("listening on {}", a.metrics_addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+    let listener = crate::http::listen(a.metrics_addr).await?;
     let http_state = HttpState {
         health: health.clone(),
         max_silence_secs: (a.resync_interval.as_secs() * 2).max(60) + 600,

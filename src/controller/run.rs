@@ -57,10 +57,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(ControllerMetrics::new());
     let health = Arc::new(crate::http::Health::default());
     health.beat();
-    let listener = tokio::net::TcpListener::bind(a.metrics_addr)
-        .await
-        .with_context(|| format!("listening on {}", a.metrics_addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+    let listener = crate::http::listen(a.metrics_addr).await?;
     let state = crate::http::HttpState {
         health: health.clone(),
         max_silence_secs: a.resync_interval.as_secs().max(30) * 4,

@@ -100,10 +100,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         let client = crate::kube::client().await?;
         let health = Arc::new(crate::http::Health::default());
         health.beat();
-        let listener = tokio::net::TcpListener::bind(a.metrics_addr)
-            .await
-            .with_context(|| format!("listening on {}", a.metrics_addr))?;
-        tracing::info!(addr = %listener.local_addr()?, "serving /healthz, /readyz, /metrics");
+        let listener = crate::http::listen(a.metrics_addr).await?;
         let http_state =
             crate::http::HttpState { health: health.clone(), max_silence_secs: 600, metrics: metrics.clone() };
         let limits =
