@@ -222,7 +222,9 @@ impl Driver {
             }
         }
         let minors = MigMinors::parse(&std::fs::read_to_string(&self.cfg.mig_minors).unwrap_or_default());
-        let entry = self.checkpoint.claims.get(&claim.uid).cloned().expect("just recorded");
+        let Some(entry) = self.checkpoint.claims.get(&claim.uid).cloned() else {
+            return Err(fail(Reason::Files, "the checkpoint lost the claim while preparing it".into()));
+        };
         let minor_of = |gpu: u32| states.iter().find(|s| s.info.index == gpu).map_or(gpu, |s| s.info.minor);
         let written = cdi::spec(&claim.uid, &entry.devices, minor_of, &minors).and_then(|spec| {
             let text = serde_json::to_string_pretty(&spec).map_err(|e| e.to_string())?;
@@ -241,7 +243,7 @@ impl Driver {
             return Err(fail(Reason::Files, e.to_string()));
         }
         tracing::info!(claim = %label, devices = entry.devices.len(), "prepared");
-        Ok(granted(&claim.uid, self.checkpoint.claims.get(&claim.uid).expect("recorded")))
+        Ok(granted(&claim.uid, &entry))
     }
 
     /// Checks a claim's allocation against the GPUs; returns the devices to make.
@@ -305,9 +307,12 @@ impl Driver {
     /// Why `r` cannot be made on `s` now, if it cannot.
     fn check_free(&self, s: &GpuState, r: DeviceRef) -> Result<(), String> {
         let index = s.info.index;
-        let holder = self.checkpoint.devices().find(|(_, d)| d.gpu == index && overlaps(d.kind, r.kind));
-        if let Some((uid, d)) = holder {
-            let c = &self.checkpoint.claims[uid];
+        let holder = self
+            .checkpoint
+            .claims
+            .values()
+            .find_map(|c| c.devices.iter().find(|d| d.gpu == index && overlaps(d.kind, r.kind)).map(|d| (c, d)));
+        if let Some((c, d)) = holder {
             return Err(format!("taken by claim {}/{} ({})", c.namespace, c.name, d.device));
         }
         match r.kind {
@@ -333,10 +338,11 @@ impl Driver {
 
     /// Creates every device of a recorded claim, recording each step.
     fn create_all(&mut self, backend: &dyn GpuBackend, uid: &str, states: &[GpuState]) -> Result<(), (Reason, String)> {
-        let n = self.checkpoint.claims[uid].devices.len();
-        for i in 0..n {
-            let d = self.checkpoint.claims[uid].devices[i].clone();
-            let s = states.iter().find(|s| s.info.index == d.gpu).expect("validated");
+        let devices = self.checkpoint.claims.get(uid).map(|c| c.devices.clone()).unwrap_or_default();
+        for (i, d) in devices.into_iter().enumerate() {
+            let Some(s) = states.iter().find(|s| s.info.index == d.gpu) else {
+                return Err((Reason::UnknownDevice, format!("device {}: no GPU {}", d.device, d.gpu)));
+            };
             let what = format!("device {} (GPU {}, {})", d.device, d.gpu, describe(d.kind, &s.profiles));
             let mode = |on: bool| {
                 let mut steps = Vec::new();
@@ -492,7 +498,7 @@ impl Driver {
         let mut report = StartReport::default();
         let uids: Vec<String> = self.checkpoint.claims.keys().cloned().collect();
         for uid in uids {
-            let entry = self.checkpoint.claims[&uid].clone();
+            let Some(entry) = self.checkpoint.claims.get(&uid).cloned() else { continue };
             match entry.state {
                 ClaimState::Preparing => {
                     self.roll_back(backend, &uid);
