@@ -15,10 +15,9 @@ mod rng;
 use allocator::{Allocated, Allocator, Request};
 use gpupart::backend::sim::SimBackend;
 use gpupart::backend::GpuBackend;
-use gpupart::dra::devices::{gpu_counters, DeviceKind, DeviceRef};
+use gpupart::dra::devices::{DeviceKind, DeviceRef};
 use gpupart::dra::order::{nvidia_order, order, GpuView};
-use gpupart::dra::publish::{counter_sets, device, PublishedGpu};
-use gpupart::dra::slices::layout;
+use gpupart::dra::publish::{content, Catalog, PublishedGpu};
 use gpupart::mig::capacity::Occupancy;
 use rng::Rng;
 use std::collections::BTreeMap;
@@ -121,15 +120,7 @@ impl Node {
             b.set_mig_mode(i, true).expect("MIG on");
         }
         let states = b.observe_all().expect("observe");
-        let gpus: Vec<PublishedGpu> = states
-            .iter()
-            .map(|s| PublishedGpu {
-                info: s.info.clone(),
-                counters: gpu_counters(&s.profiles),
-                table: s.profiles.clone(),
-                driver_version: "580.65.06".into(),
-            })
-            .collect();
+        let gpus = Catalog::default().gpus(&states, &b.driver_version().expect("driver version"));
         let views = gpus
             .iter()
             .map(|g| GpuView {
@@ -143,18 +134,18 @@ impl Node {
         Self { gpus, views, allocator: Allocator::default(), held: BTreeMap::new() }
     }
 
-    fn publish(&mut self, devices: Vec<DeviceRef>) {
-        let published = devices.into_iter().map(|d| device(&self.gpus[d.gpu as usize], d)).collect();
-        let slices = layout(DRIVER, NODE, 1, counter_sets(&self.gpus), published);
+    /// Publishes `offered` in order, then the allocated devices (their counters stay accounted),
+    /// as the plugin does.
+    fn publish(&mut self, offered: &[DeviceRef]) {
+        let allocated: Vec<DeviceRef> = self.held.values().flat_map(|(_, d)| d.iter().copied()).collect();
+        let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &allocated);
         self.allocator.slices = slices.into_iter().map(|s| (s.name, s.spec)).collect();
     }
 
-    /// gpupart's order, with the allocated devices listed after the offered ones (their counters
-    /// stay accounted).
+    /// gpupart's order.
     fn publish_gpupart(&mut self) {
-        let mut devices = order(&self.views);
-        devices.extend(self.held.values().flat_map(|(_, d)| d.iter().copied()));
-        self.publish(devices);
+        let offered = order(&self.views);
+        self.publish(&offered);
     }
 
     fn free_slices(&self) -> Vec<u32> {
@@ -189,7 +180,7 @@ impl Node {
 
     fn parse(&self, name: &str) -> DeviceRef {
         let gpus = &self.gpus;
-        DeviceRef::parse(name, |g| gpus.get(g as usize).map(|x| x.table.clone())).expect("a published device")
+        DeviceRef::parse(name, |g| gpus.get(g as usize).map(|x| &x.table)).expect("a published device")
     }
 
     fn hold(&mut self, claim: usize, got: Vec<Allocated>) {
@@ -244,7 +235,7 @@ fn replay(model: &str, asks: &[Ask], events: &[Event], gpupart: bool) -> Tally {
         node.publish_gpupart();
     } else {
         let all = nvidia_order(&node.views);
-        node.publish(all);
+        node.publish(&all);
     }
     for e in events {
         let ask = asks[e.claim];

@@ -145,24 +145,12 @@ fn bad_claims_get_an_error_naming_them_and_create_nothing() {
     assert!(e.contains("ml/ghost") && e.contains("reading the claim"), "{e}");
     // Allocated a device this node does not publish.
     rig.mig_claim("odd", "1g.10gb");
-    let key = ("resourceclaims".to_string(), "ml".to_string(), "odd".to_string());
-    let results =
-        serde_json::json!([{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-7-mig-1g-10gb-19-0"}]);
-    rig.api.change(|s| {
-        let mut c = s.objects.get(&key).cloned().unwrap();
-        c["status"] = serde_json::json!({"allocation": {"devices": {"results": results}}});
-        s.put(key.clone(), c);
-    });
+    rig.set_allocation("odd", &[("gpu", DRIVER, NODE, "gpu-7-mig-1g-10gb-19-0")]);
     let e = rig.prepare("odd").unwrap_err();
     assert!(e.contains("ml/odd") && e.contains("gpu-7-mig-1g-10gb-19-0"), "{e}");
     // Another driver's devices only.
     rig.mig_claim("theirs", "1g.10gb");
-    let key = ("resourceclaims".to_string(), "ml".to_string(), "theirs".to_string());
-    rig.api.change(|s| {
-        let mut c = s.objects.get(&key).cloned().unwrap();
-        c["status"] = serde_json::json!({"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"}]}}});
-        s.put(key.clone(), c);
-    });
+    rig.set_allocation("theirs", &[("gpu", "gpu.nvidia.com", NODE, "gpu-0")]);
     let e = rig.prepare("theirs").unwrap_err();
     assert!(e.contains("ml/theirs") && e.contains("gpu.nvidia.com"), "{e}");
     // The API cannot be reached.
@@ -182,12 +170,7 @@ fn a_failed_prepare_is_an_event_on_the_claim() {
     rig.kubelet.wait_registered(1);
     rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
     rig.mig_claim("theirs", "1g.10gb");
-    let key = ("resourceclaims".to_string(), "ml".to_string(), "theirs".to_string());
-    rig.api.change(|s| {
-        let mut c = s.objects.get(&key).cloned().unwrap();
-        c["status"] = serde_json::json!({"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"}]}}});
-        s.put(key.clone(), c);
-    });
+    rig.set_allocation("theirs", &[("gpu", "gpu.nvidia.com", NODE, "gpu-0")]);
     let e = rig.prepare("theirs").unwrap_err();
     rig.prepare("theirs").unwrap_err();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

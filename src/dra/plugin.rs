@@ -153,7 +153,7 @@ pub async fn publish_loop(
         let computed = tokio::task::spawn_blocking(move || {
             let states = me.backend.observe_all()?;
             let d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
-            let tables = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| s.profiles.clone());
+            let tables = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| &s.profiles);
             let held = me.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let pending: Vec<DeviceRef> = held
                 .iter()
@@ -169,7 +169,7 @@ pub async fn publish_loop(
         .await;
         match computed {
             Ok(Ok((states, offered, allocated, prepared))) => {
-                let gpus = publisher.catalog.gpus(&states, &publisher.driver_version.clone());
+                let gpus = publisher.catalog.gpus(&states, &publisher.driver_version);
                 match publisher.publish(&gpus, &offered, &allocated).await {
                     Ok(p) => {
                         outage.ok();

@@ -6,64 +6,12 @@
 
 use anyhow::Context;
 use gpupart_node::backend::GpuBackend;
-use gpupart_node::dra::devices::{gpu_counters, Capacities, DeviceRef};
-use gpupart_node::dra::publish::{counter_sets, device, PublishedGpu};
-use gpupart_node::dra::slices::{layout, Slice, SliceSpec};
-use gpupart_node::observed::GpuState;
+use gpupart_node::dra::devices::DeviceRef;
+use gpupart_node::dra::publish::{content, Catalog, PublishedGpu};
+use gpupart_node::dra::slices::{Slice, SliceSpec};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use std::collections::{BTreeMap, HashMap};
-
-/// The GPUs as published: static facts and counter sets, computed once per model.
-#[derive(Default)]
-pub struct Catalog {
-    counters: HashMap<String, Capacities>,
-}
-
-impl Catalog {
-    /// The published form of the observed GPUs.
-    pub fn gpus(&mut self, states: &[GpuState], driver_version: &str) -> Vec<PublishedGpu> {
-        states
-            .iter()
-            .map(|s| {
-                let counters = if s.info.mig_capable && !s.profiles.profiles.is_empty() {
-                    self.counters.entry(s.info.model.clone()).or_insert_with(|| gpu_counters(&s.profiles)).clone()
-                } else {
-                    Capacities::new()
-                };
-                PublishedGpu {
-                    info: s.info.clone(),
-                    table: if s.info.mig_capable {
-                        s.profiles.clone()
-                    } else {
-                        gpupart_node::mig::ProfileTable::empty()
-                    },
-                    counters,
-                    driver_version: driver_version.to_string(),
-                }
-            })
-            .collect()
-    }
-}
-
-/// The slices of a pool: `offered` in order, then `allocated`.
-pub fn content(
-    driver: &str,
-    node: &str,
-    generation: i64,
-    gpus: &[PublishedGpu],
-    offered: &[DeviceRef],
-    allocated: &[DeviceRef],
-) -> Vec<Slice> {
-    let mut seen = std::collections::BTreeSet::new();
-    let devices = offered
-        .iter()
-        .chain(allocated)
-        .filter(|d| seen.insert(**d))
-        .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| device(g, *d)))
-        .collect();
-    layout(driver, node, generation, counter_sets(gpus), devices)
-}
+use std::collections::BTreeMap;
 
 /// What one publication did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -145,7 +93,9 @@ impl Publisher {
         let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));
         if !same_set || self.generation == 0 {
             self.generation += 1;
-            slices = content(&self.driver, &self.node, self.generation, gpus, offered, allocated);
+            for s in &mut slices {
+                s.spec.pool.generation = self.generation;
+            }
         }
         let mut out = Published {
             generation: self.generation,

@@ -167,7 +167,8 @@ pub async fn serve<H: ClaimHandler>(
             }
         };
         log.served.fetch_add(1, Ordering::SeqCst);
-        let (inodes, (halt_tx, halt_rx)) = ((inode(&reg_path), inode(&svc_path)), watch::channel(false));
+        let inodes = (inode(&reg_path), inode(&svc_path));
+        let (halt_tx, halt_rx) = watch::channel(false);
         let halted = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.changed().await;
         };

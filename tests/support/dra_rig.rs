@@ -263,17 +263,25 @@ impl DraRig {
             }
         }
         let got = alloc.allocate(&requests).ok_or_else(|| format!("cannot allocate all claims ({name})"))?;
-        let results: Vec<Value> = got
+        let results: Vec<(&str, &str, &str, &str)> =
+            got.iter().map(|a| (a.request.as_str(), a.driver.as_str(), a.pool.as_str(), a.device.as_str())).collect();
+        self.set_allocation(name, &results);
+        Ok(got)
+    }
+
+    /// Writes claim `name`'s `status.allocation` with these results: (request, driver, pool,
+    /// device), as the scheduler does (tests also use it to allocate what no scheduler would).
+    pub fn set_allocation(&self, name: &str, results: &[(&str, &str, &str, &str)]) {
+        let results: Vec<Value> = results
             .iter()
-            .map(|a| json!({"request": a.request, "driver": a.driver, "pool": a.pool, "device": a.device}))
+            .map(|(request, driver, pool, device)| json!({"request": request, "driver": driver, "pool": pool, "device": device}))
             .collect();
         let key = ("resourceclaims".to_string(), "ml".to_string(), name.to_string());
         self.api.change(|s| {
-            let mut c = s.objects.get(&key).cloned().unwrap();
+            let mut c = s.objects.get(&key).cloned().expect("the claim exists");
             c["status"] = json!({"allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}});
             s.put(key.clone(), c);
         });
-        Ok(got)
     }
 
     /// Deallocates a claim (the pod is gone) and deletes it.

@@ -50,7 +50,7 @@ impl DeviceRef {
     }
 
     /// Reads a device name back; a MIG device's size comes from the GPU's profile table.
-    pub fn parse(name: &str, table_of: impl Fn(u32) -> Option<ProfileTable>) -> Option<Self> {
+    pub fn parse<'a>(name: &str, table_of: impl Fn(u32) -> Option<&'a ProfileTable>) -> Option<Self> {
         let rest = name.strip_prefix("gpu-")?;
         let (gpu, rest) = rest.split_once('-').map_or((rest, None), |(g, r)| (g, Some(r)));
         let gpu: u32 = gpu.parse().ok()?;

@@ -251,7 +251,7 @@ impl Driver {
         if claim.devices.is_empty() {
             return Err((Reason::UnknownDevice, "its allocation names no device of this driver".into()));
         }
-        let table_of = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| s.profiles.clone());
+        let table_of = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| &s.profiles);
         let mut by_device: BTreeMap<String, PreparedDevice> = BTreeMap::new();
         for a in &claim.devices {
             if a.pool != self.cfg.pool {

@@ -2,11 +2,11 @@
 //! capacity, and the counters it consumes from its GPU's counter set, so a claim written for
 //! NVIDIA's driver ports by changing the driver name.
 
-use super::devices::{consumption, Capacities, DeviceKind, DeviceRef};
-use super::slices::{Attribute, Consumption, CounterSet, Device, Quantity};
+use super::devices::{consumption, gpu_counters, Capacities, DeviceKind, DeviceRef};
+use super::slices::{layout, Attribute, Consumption, CounterSet, Device, Quantity, Slice};
 use crate::mig::{catalog, ProfileTable};
-use crate::observed::GpuInfo;
-use std::collections::BTreeMap;
+use crate::observed::{GpuInfo, GpuState};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// One GPU as the publisher sees it.
 #[derive(Debug, Clone)]
@@ -114,4 +114,51 @@ pub fn device(gpu: &PublishedGpu, d: DeviceRef) -> Device {
         capacity: [("memory".to_string(), Quantity::of(memory))].into_iter().collect(),
         consumes_counters,
     }
+}
+
+/// The GPUs as published: static facts and counter sets, computed once per model.
+#[derive(Default)]
+pub struct Catalog {
+    counters: HashMap<String, Capacities>,
+}
+
+impl Catalog {
+    /// The published form of the observed GPUs.
+    pub fn gpus(&mut self, states: &[GpuState], driver_version: &str) -> Vec<PublishedGpu> {
+        states
+            .iter()
+            .map(|s| {
+                let counters = if s.info.mig_capable && !s.profiles.profiles.is_empty() {
+                    self.counters.entry(s.info.model.clone()).or_insert_with(|| gpu_counters(&s.profiles)).clone()
+                } else {
+                    Capacities::new()
+                };
+                PublishedGpu {
+                    info: s.info.clone(),
+                    table: if s.info.mig_capable { s.profiles.clone() } else { ProfileTable::empty() },
+                    counters,
+                    driver_version: driver_version.to_string(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The slices of a pool: `offered` in order, then `allocated`.
+pub fn content(
+    driver: &str,
+    node: &str,
+    generation: i64,
+    gpus: &[PublishedGpu],
+    offered: &[DeviceRef],
+    allocated: &[DeviceRef],
+) -> Vec<Slice> {
+    let mut seen = BTreeSet::new();
+    let devices = offered
+        .iter()
+        .chain(allocated)
+        .filter(|d| seen.insert(**d))
+        .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| device(g, *d)))
+        .collect();
+    layout(driver, node, generation, counter_sets(gpus), devices)
 }

@@ -57,7 +57,7 @@ fn device_names_are_dns_labels_and_read_back() {
                     name.len() <= 63 && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
                     "{name}"
                 );
-                assert_eq!(DeviceRef::parse(&name, |_| Some(t.clone())), Some(d), "{model} {name}");
+                assert_eq!(DeviceRef::parse(&name, |_| Some(&t)), Some(d), "{model} {name}");
             }
         }
     }
@@ -65,7 +65,7 @@ fn device_names_are_dns_labels_and_read_back() {
     assert_eq!(DeviceRef::parse(&whole.name(&ProfileTable::empty()), |_| None), Some(whole));
     let t = table("A100-SXM4-80GB");
     for bad in ["gpu-x", "gpu-0-mig-1g-10gb-19-3-", "gpu-0-mig-7g-80gb-0-3", "gpu-0-mig-2g-20gb-14-1", "cpu-0"] {
-        assert_eq!(DeviceRef::parse(bad, |_| Some(t.clone())), None, "{bad}");
+        assert_eq!(DeviceRef::parse(bad, |_| Some(&t)), None, "{bad}");
     }
 }
 
