@@ -1,32 +1,42 @@
 //! Publication order under a claim trace (`cargo bench --bench dra`): one node of 8 GPUs, MIG
 //! claims of mixed sizes and whole-GPU claims of 1, 2, 4 and 8 GPUs arriving as a Poisson
 //! process with long-tailed (log-normal) durations, allocated by the scheduler stand-in
-//! (tests/support/allocator.rs) from three publication orders: NVIDIA's (GPU, profile, placement
-//! ascending, never reordered), gpupart's (republished after every change), and the
-//! capacity-only bound (a claim refused only when the free memory slices cannot hold it at all).
-//! Prints a table per model, load and mix: the default mix, and one with a third of the whole-GPU
-//! claims (`WHOLE_SCALE` sets that factor).
+//! (tests/support/allocator.rs) from NVIDIA's order (GPU, profile, placement ascending, never
+//! reordered) and gpupart's (republished after every change); beside them two comparators that
+//! are not orders: the capacity-only bound (a claim refused only when the free memory slices
+//! cannot hold it at all) and free migration (every instance may move to another GPU or
+//! placement at every arrival, which no publication order can do). Each row sums `TRACES`
+//! traces of `CLAIMS` claims. Prints a table per model, load and mix: the default mix, and one
+//! with a third of the whole-GPU claims.
+//!
+//! First, the latency of Prepare and Unprepare through the real binary (`gpupart agent --dra`
+//! on the fake libnvidia-ml, called by the fake kubelet over its unix socket) and from an
+//! allocation to the republished order — build the fakes first with
+//! `cargo build --release -p fake-nvml -p fake-mps` — then the same calls in process with the
+//! publication's cost.
 
-#[path = "../tests/support/allocator.rs"]
-mod allocator;
-#[path = "../tests/support/rng.rs"]
-mod rng;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
-use allocator::{Allocated, Allocator, Request};
 use gpupart::backend::sim::SimBackend;
 use gpupart::backend::GpuBackend;
 use gpupart::dra::devices::{DeviceKind, DeviceRef};
 use gpupart::dra::order::{nvidia_order, order, GpuView};
 use gpupart::dra::publish::{content, Catalog, PublishedGpu};
 use gpupart::mig::capacity::Occupancy;
-use rng::Rng;
+use gpupart::mig::Placement;
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use support::allocator::{Allocated, Allocator, Request};
+use support::dra_rig::DraRig;
+use support::rng::Rng;
 
 const DRIVER: &str = "gpu.gpupart.io";
 const NODE: &str = "node-a";
 const GPUS: u32 = 8;
 const CLAIMS: usize = 4000;
+const TRACES: u64 = 4;
 
 /// What a claim asks.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -91,7 +101,7 @@ fn trace_mix(seed: u64, load: f64, wscale: f64) -> (Vec<Ask>, Vec<Event>) {
     (asks, events)
 }
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Tally {
     claims: usize,
     refused: usize,
@@ -103,6 +113,21 @@ struct Tally {
     largest_samples: usize,
     created: usize,
     destroyed: usize,
+}
+
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, o: Self) {
+        self.claims += o.claims;
+        self.refused += o.refused;
+        self.refused_with_capacity += o.refused_with_capacity;
+        self.mig_refused_with_capacity += o.mig_refused_with_capacity;
+        self.whole_claims += o.whole_claims;
+        self.whole_refused += o.whole_refused;
+        self.largest_sum += o.largest_sum;
+        self.largest_samples += o.largest_samples;
+        self.created += o.created;
+        self.destroyed += o.destroyed;
+    }
 }
 
 /// The node as allocated: per claim its devices.
@@ -325,6 +350,197 @@ fn bound(asks: &[Ask], events: &[Event]) -> Tally {
     t
 }
 
+/// One GPU under free migration: `None` when taken whole, else its instances as (claim,
+/// profile, placement).
+type Held = Option<Vec<(usize, &'static str, Placement)>>;
+
+/// Free migration, a comparator no publication order can reach: a MIG claim goes on the most
+/// used GPU where it fits as things stand, at the placement that leaves the GPU the most room
+/// (largest profiles first); when it fits nowhere, or a whole-GPU claim finds too few idle GPUs,
+/// every instance is repacked (largest first, each on the first GPU that takes it, placed the
+/// same way) and kept if the claim then fits. A moved instance counts as destroyed and
+/// created.
+fn move_all(model: &str, asks: &[Ask], events: &[Event]) -> Tally {
+    let table = Node::new(model).gpus[0].table.clone();
+    let profile = |name: &str| table.profiles.iter().find(|p| p.name.to_string() == name).cloned();
+    let occupancy = |l: &[(usize, &'static str, Placement)]| {
+        Occupancy::of(&table, l.iter().filter_map(|(_, n, pl)| profile(n).map(|p| (p.id, *pl))))
+    };
+    let mut largest_first: Vec<_> = table.profiles.clone();
+    largest_first.sort_by_key(|p| (Reverse(p.memory_slices), Reverse(p.slices)));
+    // How many more of each profile, largest first, a GPU could take.
+    let room =
+        |occ: &Occupancy| -> Vec<u32> { largest_first.iter().map(|p| occ.remaining_capacity(&table, p)).collect() };
+    // `claim` on the first GPU in `visit` order that takes it, at the placement leaving the most room.
+    let place = |gpus: &mut [Held], visit: &[usize], claim: usize, name: &'static str| -> bool {
+        let Some(p) = profile(name) else { return false };
+        for &g in visit {
+            let Some(l) = gpus[g].as_mut() else { continue };
+            let occ = occupancy(l);
+            let best = p.placements.iter().copied().filter(|pl| occ.can_add(&table, &p, *pl)).max_by_key(|pl| {
+                let mut after = occ;
+                after.add(&p, *pl);
+                (room(&after), Reverse(pl.start))
+            });
+            if let Some(pl) = best {
+                l.push((claim, name, pl));
+                return true;
+            }
+        }
+        false
+    };
+    // Every instance repacked, plus `extra`; None when they do not all fit.
+    let repack = |gpus: &[Held], extra: Option<(usize, &'static str)>| -> Option<Vec<Held>> {
+        let mut all: Vec<(usize, &'static str)> = gpus.iter().flatten().flatten().map(|x| (x.0, x.1)).collect();
+        all.extend(extra);
+        let size = |n: &str| profile(n).map_or((0, 0), |p| (p.memory_slices, p.slices));
+        all.sort_by_key(|(c, n)| (Reverse(size(n)), *c));
+        let mut fresh: Vec<Held> = gpus.iter().map(|g| g.as_ref().map(|_| Vec::new())).collect();
+        let visit: Vec<usize> = (0..fresh.len()).collect();
+        all.iter().all(|(c, n)| place(&mut fresh, &visit, *c, n)).then_some(fresh)
+    };
+    let moved = |a: &[Held], b: &[Held]| {
+        let at = |gs: &[Held]| -> BTreeMap<usize, (usize, Placement)> {
+            gs.iter().enumerate().flat_map(|(g, l)| l.iter().flatten().map(move |(c, _, pl)| (*c, (g, *pl)))).collect()
+        };
+        let (before, after) = (at(a), at(b));
+        before.iter().filter(|(c, w)| after.get(c).is_some_and(|x| x != *w)).count()
+    };
+    let mut gpus: Vec<Held> = vec![Some(Vec::new()); GPUS as usize];
+    let mut whole: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let mut t = Tally::default();
+    for e in events {
+        let ask = asks[e.claim];
+        if !e.arrive {
+            for l in gpus.iter_mut().flatten() {
+                let n = l.len();
+                l.retain(|x| x.0 != e.claim);
+                t.destroyed += n - l.len();
+            }
+            for g in whole.remove(&e.claim).unwrap_or_default() {
+                gpus[g] = Some(Vec::new());
+            }
+            continue;
+        }
+        let free: Vec<u32> =
+            gpus.iter().map(|g| g.as_ref().map_or(0, |l| occupancy(l).free_memory_slices(&table))).collect();
+        let largest: u32 =
+            gpus.iter().flatten().map(|l| occupancy(l).largest_creatable(&table).map_or(0, |p| p.memory_slices)).sum();
+        t.claims += 1;
+        t.largest_sum += f64::from(largest) / f64::from(GPUS);
+        t.largest_samples += 1;
+        let ok = match ask {
+            Ask::Mig(name, _) => {
+                let mut visit: Vec<usize> = (0..gpus.len()).collect();
+                visit.sort_by_key(|&g| (free[g], g));
+                let fits = place(&mut gpus, &visit, e.claim, name)
+                    || repack(&gpus, Some((e.claim, name))).is_some_and(|fresh| {
+                        let m = moved(&gpus, &fresh);
+                        t.destroyed += m;
+                        t.created += m;
+                        gpus = fresh;
+                        true
+                    });
+                t.created += usize::from(fits);
+                fits
+            }
+            Ask::Whole(k) => {
+                t.whole_claims += 1;
+                let idle = |gs: &[Held]| -> Vec<usize> {
+                    (0..gs.len()).filter(|&g| gs[g].as_ref().is_some_and(Vec::is_empty)).collect()
+                };
+                if idle(&gpus).len() < k as usize {
+                    if let Some(fresh) = repack(&gpus, None).filter(|f| idle(f).len() >= k as usize) {
+                        let m = moved(&gpus, &fresh);
+                        t.destroyed += m;
+                        t.created += m;
+                        gpus = fresh;
+                    }
+                }
+                let free_gpus = idle(&gpus);
+                let fits = free_gpus.len() >= k as usize;
+                if fits {
+                    let take: Vec<usize> = free_gpus.into_iter().rev().take(k as usize).collect();
+                    for g in &take {
+                        gpus[*g] = None;
+                    }
+                    whole.insert(e.claim, take);
+                } else {
+                    t.whole_refused += 1;
+                }
+                fits
+            }
+        };
+        if !ok {
+            t.refused += 1;
+            let had = had_capacity(&free, ask);
+            t.refused_with_capacity += usize::from(had);
+            t.mig_refused_with_capacity += usize::from(had && matches!(ask, Ask::Mig(..)));
+        }
+    }
+    t
+}
+
+/// Prepare and Unprepare latency through the real binary: `gpupart agent --dra` on the fake
+/// libnvidia-ml with `delay_ms` per NVML change, the fake kubelet calling it over its socket and
+/// the scheduler stand-in allocating from its slices; and from an allocation (the claim's status
+/// written) to the publication that lists the device as taken.
+fn latencies_through_the_binary(model: &str, delay_ms: u32) {
+    let built = |f: &str| {
+        std::env::current_exe().ok().and_then(|e| e.parent()?.parent().map(|d| d.join(f).exists())).unwrap_or(false)
+    };
+    let fakes = (built("libfake_nvml.so") || built("deps/libfake_nvml.so")) && built("fake-nvidia-cuda-mps-control");
+    if !fakes {
+        println!("{model:<16} (skipped: build the fakes first: `cargo build --release -p fake-nvml -p fake-mps`)");
+        return;
+    }
+    let delay = delay_ms.to_string();
+    let rig = DraRig::start_with(&format!("{model}:{GPUS}"), &[], &[("FAKE_NVML_OP_DELAY_MS", delay.as_str())]);
+    rig.wait_slices("the whole pool", |s| {
+        s.first().is_some_and(|(_, x)| x.pool.resource_slice_count == s.len() as i64)
+            && s.iter().any(|(_, x)| !x.devices.is_empty())
+    });
+    let (mut prepare, mut unprepare, mut republish) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..5 {
+        let mut names = Vec::new();
+        for (i, profile) in ["1g.10gb", "2g.20gb", "1g.10gb", "3g.40gb"].iter().cycle().take(8).enumerate() {
+            let name = format!("bench-{round}-{i}");
+            rig.mig_claim(&name, profile);
+            rig.schedule(&name).expect("the stand-in allocates the claim");
+            let t = Instant::now();
+            if rig.wait_caught_up() {
+                republish.push(t.elapsed());
+            }
+            let t = Instant::now();
+            rig.prepare(&name).expect("prepared");
+            prepare.push(t.elapsed());
+            names.push(name);
+        }
+        for name in names {
+            let t = Instant::now();
+            let err = rig.unprepare(&name);
+            assert!(err.is_empty(), "unprepare {name}: {err}");
+            unprepare.push(t.elapsed());
+            rig.delete_claim(&name);
+        }
+    }
+    println!(
+        "{model:<16} {delay_ms:>4} ms/change  prepare p50 {:>6.0} ms p99 {:>6.0} ms   unprepare p50 {:>6.0} ms p99 {:>6.0} ms   allocation to republication p50 {:>5.0} ms p99 {:>5.0} ms",
+        percentile(&mut prepare, 0.5),
+        percentile(&mut prepare, 0.99),
+        percentile(&mut unprepare, 0.5),
+        percentile(&mut unprepare, 0.99),
+        percentile(&mut republish, 0.5),
+        percentile(&mut republish, 0.99),
+    );
+}
+
+/// The `p` quantile of `v`, in milliseconds.
+fn percentile(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    v.get(((v.len() as f64 - 1.0) * p).round() as usize).map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+}
+
 /// Prepare and Unprepare latency through the node driver on the simulator with `delay` per NVML
 /// change; and the time to compute one publication (order and slices) of a full node.
 fn latencies(model: &str, delay: Duration) {
@@ -390,31 +606,47 @@ fn latencies(model: &str, delay: Duration) {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let pct = |v: &mut Vec<Duration>, p: f64| {
-        v.sort();
-        v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
-    };
     println!(
         "{model:<16} {:>4} ms/change  prepare p50 {:>6.0} ms p99 {:>6.0} ms   unprepare p50 {:>6.0} ms p99 {:>6.0} ms   publication p50 {:>6.1} ms p99 {:>6.1} ms",
         delay.as_millis(),
-        pct(&mut prepare, 0.5),
-        pct(&mut prepare, 0.99),
-        pct(&mut unprepare, 0.5),
-        pct(&mut unprepare, 0.99),
-        pct(&mut publish, 0.5),
-        pct(&mut publish, 0.99),
+        percentile(&mut prepare, 0.5),
+        percentile(&mut prepare, 0.99),
+        percentile(&mut unprepare, 0.5),
+        percentile(&mut unprepare, 0.99),
+        percentile(&mut publish, 0.5),
+        percentile(&mut publish, 0.99),
     );
 }
 
+/// The four runs of one trace: NVIDIA's order, gpupart's, the capacity-only bound, free
+/// migration.
+fn runs(model: &str, seed: u64, load: f64, wscale: f64) -> [Tally; 4] {
+    let (asks, events) = trace_mix(seed, load, wscale);
+    [
+        replay(model, &asks, &events, false),
+        replay(model, &asks, &events, true),
+        bound(&asks, &events),
+        move_all(model, &asks, &events),
+    ]
+}
+
 fn main() {
-    println!("Latency on one node of {GPUS} GPUs (40 one-instance claims, the simulator; publication = order + slices of the node):");
+    println!("Latency through the binary on one node of {GPUS} GPUs (40 one-instance claims, the fake libnvidia-ml, gRPC from the fake kubelet):");
+    for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
+        latencies_through_the_binary(model, 50);
+    }
+    println!();
+    println!("The same in process (the node driver on the simulator; publication = order + slices of the node):");
     for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
         latencies(model, Duration::from_millis(50));
     }
     println!();
-    println!("{CLAIMS} claims per run on one node of {GPUS} GPUs; load = offered memory slices / capacity;");
+    println!("{TRACES} traces of {CLAIMS} claims per row on one node of {GPUS} GPUs; load = offered memory slices / capacity;");
     println!("whole = weight of whole-GPU claims relative to the default mix; 'with capacity' = refused although");
-    println!("a GPU had the slices (MIG) or the node's free slices added up to the GPUs asked (whole), MIG ones in ()");
+    println!(
+        "a GPU had the slices (MIG) or the node's free slices added up to the GPUs asked (whole), MIG ones in ();"
+    );
+    println!("'move-all' may move every instance at every arrival, which no order can: a comparator, not a policy");
     println!(
         "{:<16} {:>5} {:>5} {:<9} {:>8} {:>8} {:>14} {:>6} {:>14} {:>13} {:>8} {:>10}",
         "model",
@@ -433,13 +665,19 @@ fn main() {
     for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
         for wscale in [1.0, 0.3] {
             for load in [0.8, 1.0] {
-                let (asks, events) = trace_mix(0x5EED_D1A5, load, wscale);
-                let runs = [
-                    ("nvidia", replay(model, &asks, &events, false)),
-                    ("gpupart", replay(model, &asks, &events, true)),
-                    ("capacity", bound(&asks, &events)),
-                ];
-                for (name, t) in &runs {
+                let per_trace: Vec<[Tally; 4]> = std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..TRACES)
+                        .map(|i| s.spawn(move || runs(model, 0x5EED_D1A5 + i * 7919, load, wscale)))
+                        .collect();
+                    handles.into_iter().map(|h| h.join().expect("a trace's runs")).collect()
+                });
+                let mut sum = [Tally::default(); 4];
+                for r in per_trace {
+                    for (acc, t) in sum.iter_mut().zip(r) {
+                        *acc += t;
+                    }
+                }
+                for (name, t) in ["nvidia", "gpupart", "capacity", "move-all"].iter().zip(&sum) {
                     let largest =
                         if t.largest_samples > 0 { t.largest_sum / t.largest_samples as f64 } else { f64::NAN };
                     println!(
@@ -458,10 +696,16 @@ fn main() {
                         t.destroyed
                     );
                 }
-                let ratio = runs[1].1.refused_with_capacity as f64 / runs[0].1.refused_with_capacity.max(1) as f64;
+                let ratio = |t: &Tally| t.refused_with_capacity as f64 / sum[0].refused_with_capacity.max(1) as f64;
                 println!(
-                    "{:<16} {:>5.1} {:>5.1} gpupart / nvidia refused with capacity: {ratio:.2}",
-                    model, wscale, load
+                    "{:<16} {:>5.1} {:>5.1} refused with capacity / nvidia's: gpupart {:.2}, move-all {:.2}; refused beyond the capacity bound: nvidia {:+}, gpupart {:+}",
+                    model,
+                    wscale,
+                    load,
+                    ratio(&sum[1]),
+                    ratio(&sum[3]),
+                    sum[0].refused as i64 - sum[2].refused as i64,
+                    sum[1].refused as i64 - sum[2].refused as i64,
                 );
             }
         }

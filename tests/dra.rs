@@ -316,6 +316,33 @@ fn a_4g_still_fits_after_small_claims_come_and_go() {
     assert_eq!(rig.node.load().gpus[0].gpu_instances.len(), 4);
 }
 
+#[test]
+fn filling_gpus_rewrites_the_same_slices_and_never_makes_the_pool_incomplete() {
+    // Three A100s list more than 64 devices; each 7g.80gb claim removes a GPU's placements from
+    // the list. The pool keeps its slices and generation, so the scheduler never meets a pool
+    // whose slices carry two generations, and every claim is allocated at the first try.
+    let rig = DraRig::start("A100-SXM4-80GB:3");
+    rig.kubelet.wait_registered(1);
+    let shape = |s: &[(String, gpupart::dra::slices::SliceSpec)]| -> Vec<(String, i64, i64)> {
+        s.iter().map(|(n, x)| (n.clone(), x.pool.generation, x.pool.resource_slice_count)).collect()
+    };
+    let listed =
+        |s: &[(String, gpupart::dra::slices::SliceSpec)]| s.iter().map(|(_, x)| x.devices.len()).sum::<usize>();
+    let first = rig.wait_slices("the whole pool, over several device slices", |s| {
+        s.first().is_some_and(|(_, x)| x.pool.resource_slice_count == s.len() as i64) && listed(s) > 64
+    });
+    for i in 0..3 {
+        let name = format!("full-{i}");
+        rig.mig_claim(&name, "7g.80gb");
+        rig.schedule(&name).expect("allocated at the first try");
+        rig.prepare(&name).unwrap();
+        assert!(rig.wait_caught_up(), "republished after {name}");
+        let now = rig.slices();
+        assert!(listed(&now) < listed(&first), "fewer devices listed");
+        assert_eq!(shape(&now), shape(&first), "the same slices and generation after {name}");
+    }
+}
+
 /// The plugin's resident memory, in KiB.
 fn rss_kib(rig: &DraRig) -> u64 {
     let pid = rig.agent.lock().unwrap().as_ref().unwrap().0.id();

@@ -3,7 +3,7 @@
 //! NVIDIA's driver ports by changing the driver name.
 
 use super::devices::{consumption, gpu_counters, Capacities, DeviceKind, DeviceRef};
-use super::slices::{layout, Attribute, Consumption, CounterSet, Device, Quantity, Slice};
+use super::slices::{layout, Attribute, Consumption, CounterSet, Device, Quantity, Slice, MAX_DEVICES};
 use crate::mig::{catalog, ProfileTable};
 use crate::observed::{GpuInfo, GpuState};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -144,7 +144,14 @@ impl Catalog {
     }
 }
 
-/// The slices of a pool: `offered` in order, then `allocated`.
+/// The most devices the pool could ever list: every placement of every profile, and each GPU
+/// whole.
+pub fn most_devices(gpus: &[PublishedGpu]) -> usize {
+    gpus.iter().map(|g| 1 + g.table.profiles.iter().map(|p| p.placements.len()).sum::<usize>()).sum()
+}
+
+/// The slices of a pool: `offered` in order, then `allocated`, in as many device slices as the
+/// pool could ever need (so occupancy never changes the set of slices).
 pub fn content(
     driver: &str,
     node: &str,
@@ -160,5 +167,5 @@ pub fn content(
         .filter(|d| seen.insert(**d))
         .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| device(g, *d)))
         .collect();
-    layout(driver, node, generation, counter_sets(gpus), devices)
+    layout(driver, node, generation, counter_sets(gpus), devices, most_devices(gpus).div_ceil(MAX_DEVICES))
 }

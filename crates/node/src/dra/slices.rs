@@ -167,18 +167,21 @@ pub struct Slice {
 }
 
 /// Lays a pool out in slices: counter sets first (8 per slice), then the devices in order (64 per
-/// slice), every slice with `generation` and the pool's slice count. A pool with nothing still
-/// gets one (empty) device slice, so the pool exists.
+/// slice), padded with empty device slices to at least `device_slices` (and one), every slice
+/// with `generation` and the pool's slice count. Padding to what the pool could ever list keeps
+/// the set of slices the same while the order and the device count change, so a republication
+/// rewrites slices in place and the pool never goes through an incomplete generation.
 pub fn layout(
     driver: &str,
     node: &str,
     generation: i64,
     counter_sets: Vec<CounterSet>,
     devices: Vec<Device>,
+    device_slices: usize,
 ) -> Vec<Slice> {
     let counter_chunks: Vec<Vec<CounterSet>> = counter_sets.chunks(MAX_COUNTER_SETS).map(<[_]>::to_vec).collect();
     let mut device_chunks: Vec<Vec<Device>> = devices.chunks(MAX_DEVICES).map(<[_]>::to_vec).collect();
-    if device_chunks.is_empty() {
+    while device_chunks.len() < device_slices.max(1) {
         device_chunks.push(Vec::new());
     }
     let count = (counter_chunks.len() + device_chunks.len()) as i64;

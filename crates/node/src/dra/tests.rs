@@ -145,7 +145,7 @@ fn slices_respect_the_limits_and_sort_in_publication_order() {
     let sets: Vec<CounterSet> =
         (0..16).map(|i| CounterSet { name: format!("gpu-{i}-counter-set"), counters: BTreeMap::new() }).collect();
     let devices: Vec<Device> = (0..200).map(|i| device(format!("d{i}"))).collect();
-    let slices = layout("gpu.gpupart.io", "node-a", 3, sets, devices);
+    let slices = layout("gpu.gpupart.io", "node-a", 3, sets, devices, 0);
     assert_eq!(slices.len(), 2 + 4);
     for s in &slices {
         assert_eq!((s.spec.pool.generation, s.spec.pool.resource_slice_count), (3, 6));
@@ -157,9 +157,40 @@ fn slices_respect_the_limits_and_sort_in_publication_order() {
     let order: Vec<&str> = by_name.iter().flat_map(|s| s.spec.devices.iter().map(|d| d.name.as_str())).collect();
     let want: Vec<String> = (0..200).map(|i| format!("d{i}")).collect();
     assert_eq!(order, want.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(layout("d", "n", 1, Vec::new(), Vec::new()).len(), 1, "an empty pool still has a slice");
+    assert_eq!(layout("d", "n", 1, Vec::new(), Vec::new(), 0).len(), 1, "an empty pool still has a slice");
+    let padded = layout("d", "n", 1, Vec::new(), (0..10).map(|i| device(format!("d{i}"))).collect(), 3);
+    assert_eq!(padded.iter().map(|s| s.spec.devices.len()).collect::<Vec<_>>(), [10, 0, 0], "padded to three");
+    assert!(padded.iter().all(|s| s.spec.pool.resource_slice_count == 3));
     assert_eq!(Quantity::of(85_899_345_920).as_u64(), Some(85_899_345_920));
     assert_eq!(Quantity { value: "80Gi".into() }.as_u64(), Some(80 << 30));
+}
+
+#[test]
+fn filling_the_node_rewrites_the_same_slices() {
+    use super::publish::{content, Catalog};
+    use crate::backend::{sim::SimBackend, GpuBackend};
+    let model = "A100-SXM4-80GB";
+    let b = SimBackend::open(Some(&format!("{model}:3")), None).expect("simulator");
+    let gpus = Catalog::default().gpus(&b.observe_all().expect("observe"), "550.54.15");
+    let shape = |views: &[GpuView], allocated: &[DeviceRef]| {
+        let slices = content("d", "n", 1, &gpus, &order(views), allocated);
+        let devices: usize = slices.iter().map(|s| s.spec.devices.len()).sum();
+        let names: Vec<(String, i64)> =
+            slices.into_iter().map(|s| (s.name, s.spec.pool.resource_slice_count)).collect();
+        (names, devices)
+    };
+    let mut views = idle(model, 3);
+    let (before, listed) = shape(&views, &[]);
+    assert!(listed > MAX_DEVICES, "the idle node needs several device slices: {listed}");
+    let id = table(model).profiles.iter().find(|p| p.name.to_string() == "7g.80gb").expect("7g").id;
+    let mut allocated = Vec::new();
+    for _ in 0..3 {
+        let (gpu, placement) = take(&mut views, "7g.80gb");
+        allocated.push(DeviceRef { gpu, kind: DeviceKind::Mig { profile_id: id, placement } });
+        let (after, listed_now) = shape(&views, &allocated);
+        assert!(listed_now < listed, "fewer devices listed once a GPU is full");
+        assert_eq!(after, before, "the same slices, whatever the occupancy");
+    }
 }
 
 /// How many instances of `p` a GPU could still take, by brute force over placements.
