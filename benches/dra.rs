@@ -163,7 +163,8 @@ impl Node {
     /// as the plugin does.
     fn publish(&mut self, offered: &[DeviceRef]) {
         let allocated: Vec<DeviceRef> = self.held.values().flat_map(|(_, d)| d.iter().copied()).collect();
-        let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &allocated);
+        // The stand-in reads a publication whole, so where allocated devices sit does not matter.
+        let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &allocated, &BTreeMap::new());
         self.allocator.slices = slices.into_iter().map(|s| (s.name, s.spec)).collect();
     }
 

@@ -341,6 +341,67 @@ fn filling_gpus_rewrites_the_same_slices_and_never_makes_the_pool_incomplete() {
         assert!(listed(&now) < listed(&first), "fewer devices listed");
         assert_eq!(shape(&now), shape(&first), "the same slices and generation after {name}");
     }
+    // Small claims come and go across the two device slices.
+    assert_eq!(rig.unprepare("full-1"), "");
+    rig.delete_claim("full-1");
+    for i in 0..5 {
+        let name = format!("small-{i}");
+        rig.mig_claim(&name, if i % 2 == 0 { "1g.10gb" } else { "2g.20gb" });
+        rig.schedule(&name).expect("allocated at the first try");
+        rig.prepare(&name).unwrap();
+    }
+    assert_eq!(rig.unprepare("full-0"), "");
+    rig.delete_claim("full-0");
+    assert!(rig.wait_caught_up());
+    every_moment_lists_each_device_once_and_every_allocated_one(&rig);
+}
+
+/// Replays the API server's history: at every moment the node's pool is complete, no device is
+/// listed twice and every device allocated to a claim is listed.
+fn every_moment_lists_each_device_once_and_every_allocated_one(rig: &DraRig) {
+    use std::collections::BTreeMap;
+    let changes = rig.api.store().changes.clone();
+    let mut slices: BTreeMap<String, gpupart::dra::slices::SliceSpec> = BTreeMap::new();
+    let mut claims: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut moments = 0;
+    for c in changes {
+        let name = c.key.2.clone();
+        match (c.key.0.as_str(), c.kind) {
+            ("resourceslices", "DELETED") => {
+                slices.remove(&name);
+            }
+            ("resourceslices", _) => {
+                slices.insert(name, serde_json::from_value(c.object["spec"].clone()).unwrap());
+            }
+            ("resourceclaims", "DELETED") => {
+                claims.remove(&name);
+            }
+            ("resourceclaims", _) => {
+                let results = c.object["status"]["allocation"]["devices"]["results"].as_array().cloned();
+                let devices =
+                    results.unwrap_or_default().iter().filter_map(|r| r["device"].as_str().map(String::from)).collect();
+                claims.insert(name, devices);
+            }
+            _ => continue,
+        }
+        let newest = slices.values().map(|s| s.pool.generation).max().unwrap_or(0);
+        let pool: Vec<_> = slices.values().filter(|s| s.pool.generation == newest).collect();
+        if pool.is_empty() || pool[0].pool.resource_slice_count != pool.len() as i64 {
+            continue;
+        }
+        moments += 1;
+        let listed: Vec<&str> = pool.iter().flat_map(|s| s.devices.iter().map(|d| d.name.as_str())).collect();
+        let mut unique = listed.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), listed.len(), "a device listed twice at moment {moments}");
+        for (claim, devices) in &claims {
+            for d in devices {
+                assert!(listed.contains(&d.as_str()), "{d} of {claim} not listed at moment {moments}");
+            }
+        }
+    }
+    assert!(moments > 10, "{moments} moments");
 }
 
 /// The plugin's resident memory, in KiB.

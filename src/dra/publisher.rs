@@ -1,14 +1,16 @@
-//! Publishes the node's pool as ResourceSlices: the devices in gpupart's order (offered first,
-//! allocated after so the scheduler keeps counting their counters), rewritten in place when only
-//! the order or content changes (a pool whose slices carry different generations is unusable
-//! until all carry the new one), with the generation bumped only when the set of slices changes,
-//! then every slice written back to back and the stale ones deleted.
+//! Publishes the node's pool as ResourceSlices: the devices in gpupart's order (offered first;
+//! allocated ones kept listed, each in the slice that lists it, so the scheduler keeps counting
+//! their counters), rewritten in place when only the order or content changes (a pool whose
+//! slices carry different generations is unusable until all carry the new one), a moving device
+//! removed from its old slice before it joins its new one (never listed twice), with the
+//! generation bumped only when the set of slices changes, then every slice written back to back
+//! and the stale ones deleted.
 
 use anyhow::Context;
 use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::publish::{content, Catalog, PublishedGpu};
-use gpupart_node::dra::slices::{Slice, SliceSpec};
+use gpupart_node::dra::slices::{write_plan, Slice, SliceSpec};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use std::collections::BTreeMap;
@@ -89,7 +91,15 @@ impl Publisher {
         offered: &[DeviceRef],
         allocated: &[DeviceRef],
     ) -> anyhow::Result<Published> {
-        let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, allocated);
+        // Where each listed device sits now: its device slice's index.
+        let prefix = format!("{}-{}-devices-", self.node, self.driver);
+        let pinned: BTreeMap<String, usize> = self
+            .current
+            .iter()
+            .filter_map(|(name, (_, spec))| Some((name.strip_prefix(&prefix)?.parse::<usize>().ok()?, spec)))
+            .flat_map(|(i, spec)| spec.devices.iter().map(move |d| (d.name.clone(), i)))
+            .collect();
+        let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, allocated, &pinned);
         let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));
         if !same_set || self.generation == 0 {
             self.generation += 1;
@@ -102,11 +112,10 @@ impl Publisher {
             devices: slices.iter().map(|s| s.spec.devices.len()).sum(),
             ..Published::default()
         };
-        for s in &slices {
-            if self.current.get(&s.name).is_some_and(|(_, spec)| *spec == s.spec) {
-                continue;
-            }
-            self.write(s).await?;
+        let held: BTreeMap<String, SliceSpec> =
+            self.current.iter().map(|(n, (_, spec))| (n.clone(), spec.clone())).collect();
+        for s in write_plan(&held, &slices) {
+            self.write(&s).await?;
             out.written += 1;
         }
         let stale: Vec<String> =

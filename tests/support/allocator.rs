@@ -1,8 +1,8 @@
 //! A stand-in for kube-scheduler's structured allocator (`k8s.io/dynamic-resource-allocation/
 //! structured`), following its documented semantics: pools visited sorted by driver, then pool
 //! name; a pool used only when every slice of its newest generation is there; its slices sorted
-//! by name, devices in listed order; for each request the first device that matches the
-//! selectors, is not allocated and whose counters (from the pool's counter sets, less what every
+//! by name, devices in listed order (a pool listing a device twice is invalid and not used); for
+//! each request the first device that matches the selectors, is not allocated and whose counters (from the pool's counter sets, less what every
 //! allocated device consumes) still hold it; depth-first backtracking only across one claim's
 //! own requests. Selectors are attribute equalities (`type`, `profile`, …), what gpupart's
 //! DeviceClasses and the tests ask; anything else is refused by the caller's parser.
@@ -76,7 +76,13 @@ fn pools<'a>(slices: &'a [(String, SliceSpec)]) -> Vec<Pool<'a>> {
                 }
             }
         }
-        let devices = list.iter().flat_map(|s| s.1.devices.iter()).collect();
+        let devices: Vec<&Device> = list.iter().flat_map(|s| s.1.devices.iter()).collect();
+        let mut names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            // A device listed twice makes the pool invalid: kube-scheduler refuses to allocate.
+            continue;
+        }
         out.push(Pool { driver, name, devices, counters });
     }
     out

@@ -188,15 +188,23 @@ impl DraRig {
         out
     }
 
-    /// Waits (up to 3 s) until the publication reflects every allocation: allocated devices are
-    /// published after every offered one.
+    /// Waits (up to 3 s) until the publication reflects every allocation: each allocated device is
+    /// listed after every offered one of its slice.
     pub fn wait_caught_up(&self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
             let allocated = self.allocated();
-            let order = self.device_order();
-            let tail = order.len().saturating_sub(allocated.len());
-            if allocated.iter().all(|a| order.iter().position(|d| d == a).is_some_and(|i| i >= tail)) {
+            let slices = self.slices();
+            // The plugin lists an allocated device after the offered ones of its slice.
+            let listed_as_allocated = |a: &String| {
+                slices.iter().any(|(_, s)| {
+                    s.devices
+                        .iter()
+                        .position(|d| &d.name == a)
+                        .is_some_and(|i| s.devices[i..].iter().all(|d| allocated.contains(&d.name)))
+                })
+            };
+            if allocated.iter().all(listed_as_allocated) {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -255,14 +263,28 @@ impl DraRig {
             }
             requests.push(req);
         }
-        let mut alloc = Allocator { slices: self.slices(), ..Allocator::default() };
-        for c in self.api.store().all("resourceclaims") {
-            for r in c["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default() {
-                let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-                alloc.allocated.insert((s("driver"), s("pool"), s("device")));
+        // As kube-scheduler, a claim that cannot be allocated is tried again when a slice changes
+        // (a republication under way); it is refused once the slices stay as they are.
+        let got = loop {
+            let slices = self.slices();
+            let mut alloc = Allocator { slices: slices.clone(), ..Allocator::default() };
+            for c in self.api.store().all("resourceclaims") {
+                for r in c["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default() {
+                    let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+                    alloc.allocated.insert((s("driver"), s("pool"), s("device")));
+                }
             }
-        }
-        let got = alloc.allocate(&requests).ok_or_else(|| format!("cannot allocate all claims ({name})"))?;
+            if let Some(got) = alloc.allocate(&requests) {
+                break got;
+            }
+            let quiet_until = Instant::now() + Duration::from_millis(300);
+            while self.slices() == slices {
+                if Instant::now() >= quiet_until {
+                    return Err(format!("cannot allocate all claims ({name})"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
         let results: Vec<(&str, &str, &str, &str)> =
             got.iter().map(|a| (a.request.as_str(), a.driver.as_str(), a.pool.as_str(), a.device.as_str())).collect();
         self.set_allocation(name, &results);

@@ -151,7 +151,10 @@ pub fn most_devices(gpus: &[PublishedGpu]) -> usize {
 }
 
 /// The slices of a pool: `offered` in order, then `allocated`, in as many device slices as the
-/// pool could ever need (so occupancy never changes the set of slices).
+/// pool could ever need (so occupancy never changes the set of slices). An allocated device
+/// stays in the device slice `pinned` gives it (the one listing it now), so the scheduler, which
+/// counts an allocated device's counters only while the pool lists it, never misses it while
+/// the slices are rewritten one by one.
 pub fn content(
     driver: &str,
     node: &str,
@@ -159,7 +162,13 @@ pub fn content(
     gpus: &[PublishedGpu],
     offered: &[DeviceRef],
     allocated: &[DeviceRef],
+    pinned: &BTreeMap<String, usize>,
 ) -> Vec<Slice> {
+    let keep: BTreeMap<String, usize> = allocated
+        .iter()
+        .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| d.name(&g.table)))
+        .filter_map(|n| pinned.get(&n).map(|i| (n, *i)))
+        .collect();
     let mut seen = BTreeSet::new();
     let devices = offered
         .iter()
@@ -167,5 +176,5 @@ pub fn content(
         .filter(|d| seen.insert(**d))
         .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| device(g, *d)))
         .collect();
-    layout(driver, node, generation, counter_sets(gpus), devices, most_devices(gpus).div_ceil(MAX_DEVICES))
+    layout(driver, node, generation, counter_sets(gpus), devices, most_devices(gpus).div_ceil(MAX_DEVICES), &keep)
 }

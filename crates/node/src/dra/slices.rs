@@ -170,7 +170,9 @@ pub struct Slice {
 /// slice), padded with empty device slices to at least `device_slices` (and one), every slice
 /// with `generation` and the pool's slice count. Padding to what the pool could ever list keeps
 /// the set of slices the same while the order and the device count change, so a republication
-/// rewrites slices in place and the pool never goes through an incomplete generation.
+/// rewrites slices in place and the pool never goes through an incomplete generation. A device
+/// named in `pinned` stays in that device slice (after the slice's other devices) while it has
+/// room, so it never moves between slices.
 pub fn layout(
     driver: &str,
     node: &str,
@@ -178,12 +180,32 @@ pub fn layout(
     counter_sets: Vec<CounterSet>,
     devices: Vec<Device>,
     device_slices: usize,
+    pinned: &BTreeMap<String, usize>,
 ) -> Vec<Slice> {
     let counter_chunks: Vec<Vec<CounterSet>> = counter_sets.chunks(MAX_COUNTER_SETS).map(<[_]>::to_vec).collect();
-    let mut device_chunks: Vec<Vec<Device>> = devices.chunks(MAX_DEVICES).map(<[_]>::to_vec).collect();
-    while device_chunks.len() < device_slices.max(1) {
-        device_chunks.push(Vec::new());
+    let wanted = devices.len().div_ceil(MAX_DEVICES).max(device_slices).max(1);
+    let mut tails: Vec<Vec<Device>> = vec![Vec::new(); wanted];
+    let mut free = Vec::new();
+    for d in devices {
+        match pinned.get(&d.name) {
+            Some(&i) if i < wanted && tails[i].len() < MAX_DEVICES => tails[i].push(d),
+            _ => free.push(d),
+        }
     }
+    let mut heads: Vec<Vec<Device>> = vec![Vec::new(); wanted];
+    let mut at = 0;
+    for d in free {
+        while at < heads.len() && heads[at].len() + tails[at].len() >= MAX_DEVICES {
+            at += 1;
+        }
+        if at == heads.len() {
+            heads.push(Vec::new());
+            tails.push(Vec::new());
+        }
+        heads[at].push(d);
+    }
+    let device_chunks: Vec<Vec<Device>> =
+        heads.into_iter().zip(tails).map(|(h, t)| h.into_iter().chain(t).collect()).collect();
     let count = (counter_chunks.len() + device_chunks.len()) as i64;
     let spec = |shared_counters, devices| SliceSpec {
         driver: driver.to_string(),
@@ -200,4 +222,36 @@ pub fn layout(
         out.push(Slice { name: format!("{node}-{driver}-devices-{i:03}"), spec: spec(Vec::new(), d) });
     }
     out
+}
+
+/// The writes that take the pool from `current` (slice name → spec, as the API holds it) to
+/// `next`, in order. Within one generation a device moving to another slice is first removed
+/// from the slice it leaves and only then added to the one it joins, so no moment of the
+/// sequence lists a device twice (the scheduler refuses a pool with a duplicate device name); a
+/// moving device is missing for a moment instead, which only delays it. Slices already as
+/// wanted are not written.
+pub fn write_plan(current: &BTreeMap<String, SliceSpec>, next: &[Slice]) -> Vec<Slice> {
+    let same_generation =
+        next.iter().all(|s| current.get(&s.name).is_some_and(|c| c.pool.generation == s.spec.pool.generation));
+    let mut state = current.clone();
+    let mut plan = Vec::new();
+    let mut push = |s: Slice, state: &mut BTreeMap<String, SliceSpec>| {
+        if state.get(&s.name) != Some(&s.spec) {
+            state.insert(s.name.clone(), s.spec.clone());
+            plan.push(s);
+        }
+    };
+    if same_generation {
+        let home: BTreeMap<&str, &str> =
+            current.iter().flat_map(|(n, c)| c.devices.iter().map(move |d| (d.name.as_str(), n.as_str()))).collect();
+        for s in next {
+            let mut first = s.clone();
+            first.spec.devices.retain(|d| home.get(d.name.as_str()).is_none_or(|h| *h == s.name));
+            push(first, &mut state);
+        }
+    }
+    for s in next {
+        push(s.clone(), &mut state);
+    }
+    plan
 }

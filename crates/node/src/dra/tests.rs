@@ -1,6 +1,6 @@
 use super::devices::{consumption, gpu_counters, DeviceKind, DeviceRef};
 use super::order::{order, GpuView};
-use super::slices::{layout, CounterSet, Device, Quantity, MAX_COUNTER_SETS, MAX_DEVICES};
+use super::slices::{layout, CounterSet, Device, Quantity, SliceSpec, MAX_COUNTER_SETS, MAX_DEVICES};
 use crate::frag::expected_fragmentation;
 use crate::mig::capacity::Occupancy;
 use crate::mig::{catalog, Placement, ProfileTable};
@@ -145,7 +145,7 @@ fn slices_respect_the_limits_and_sort_in_publication_order() {
     let sets: Vec<CounterSet> =
         (0..16).map(|i| CounterSet { name: format!("gpu-{i}-counter-set"), counters: BTreeMap::new() }).collect();
     let devices: Vec<Device> = (0..200).map(|i| device(format!("d{i}"))).collect();
-    let slices = layout("gpu.gpupart.io", "node-a", 3, sets, devices, 0);
+    let slices = layout("gpu.gpupart.io", "node-a", 3, sets, devices, 0, &BTreeMap::new());
     assert_eq!(slices.len(), 2 + 4);
     for s in &slices {
         assert_eq!((s.spec.pool.generation, s.spec.pool.resource_slice_count), (3, 6));
@@ -157,8 +157,13 @@ fn slices_respect_the_limits_and_sort_in_publication_order() {
     let order: Vec<&str> = by_name.iter().flat_map(|s| s.spec.devices.iter().map(|d| d.name.as_str())).collect();
     let want: Vec<String> = (0..200).map(|i| format!("d{i}")).collect();
     assert_eq!(order, want.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(layout("d", "n", 1, Vec::new(), Vec::new(), 0).len(), 1, "an empty pool still has a slice");
-    let padded = layout("d", "n", 1, Vec::new(), (0..10).map(|i| device(format!("d{i}"))).collect(), 3);
+    assert_eq!(
+        layout("d", "n", 1, Vec::new(), Vec::new(), 0, &BTreeMap::new()).len(),
+        1,
+        "an empty pool still has a slice"
+    );
+    let padded =
+        layout("d", "n", 1, Vec::new(), (0..10).map(|i| device(format!("d{i}"))).collect(), 3, &BTreeMap::new());
     assert_eq!(padded.iter().map(|s| s.spec.devices.len()).collect::<Vec<_>>(), [10, 0, 0], "padded to three");
     assert!(padded.iter().all(|s| s.spec.pool.resource_slice_count == 3));
     assert_eq!(Quantity::of(85_899_345_920).as_u64(), Some(85_899_345_920));
@@ -173,7 +178,7 @@ fn filling_the_node_rewrites_the_same_slices() {
     let b = SimBackend::open(Some(&format!("{model}:3")), None).expect("simulator");
     let gpus = Catalog::default().gpus(&b.observe_all().expect("observe"), "550.54.15");
     let shape = |views: &[GpuView], allocated: &[DeviceRef]| {
-        let slices = content("d", "n", 1, &gpus, &order(views), allocated);
+        let slices = content("d", "n", 1, &gpus, &order(views), allocated, &BTreeMap::new());
         let devices: usize = slices.iter().map(|s| s.spec.devices.len()).sum();
         let names: Vec<(String, i64)> =
             slices.into_iter().map(|s| (s.name, s.spec.pool.resource_slice_count)).collect();
@@ -190,6 +195,94 @@ fn filling_the_node_rewrites_the_same_slices() {
         let (after, listed_now) = shape(&views, &allocated);
         assert!(listed_now < listed, "fewer devices listed once a GPU is full");
         assert_eq!(after, before, "the same slices, whatever the occupancy");
+    }
+}
+
+/// Every moment of a plan's writes: the pool after each write, as name → device names.
+fn moments(current: &BTreeMap<String, SliceSpec>, plan: &[super::slices::Slice]) -> Vec<BTreeMap<String, Vec<String>>> {
+    let names = |m: &BTreeMap<String, SliceSpec>| -> BTreeMap<String, Vec<String>> {
+        m.iter().map(|(n, s)| (n.clone(), s.devices.iter().map(|d| d.name.clone()).collect())).collect()
+    };
+    let mut state = current.clone();
+    let mut out = vec![names(&state)];
+    for w in plan {
+        state.insert(w.name.clone(), w.spec.clone());
+        out.push(names(&state));
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Republishing after every allocation and release, one slice write at a time: no moment
+    /// lists a device twice, and a device allocated before and after is listed at every moment.
+    #[test]
+    fn rewrites_never_list_a_device_twice_nor_drop_an_allocated_one(
+        steps in proptest::collection::vec((0usize..6, any::<bool>(), 0usize..32), 1..24)
+    ) {
+        use super::publish::{content, Catalog};
+        use super::slices::write_plan;
+        use crate::backend::{sim::SimBackend, GpuBackend};
+        let model = "A100-SXM4-80GB";
+        let b = SimBackend::open(Some(&format!("{model}:4")), None).expect("simulator");
+        let gpus = Catalog::default().gpus(&b.observe_all().expect("observe"), "550.54.15");
+        let t = table(model);
+        let profiles = ["1g.10gb", "2g.20gb", "3g.40gb", "1g.20gb", "4g.40gb", "7g.80gb"];
+        let mut views = idle(model, 4);
+        let mut held: Vec<DeviceRef> = Vec::new();
+        let mut current: BTreeMap<String, SliceSpec> = BTreeMap::new();
+        let pins = |current: &BTreeMap<String, SliceSpec>| -> BTreeMap<String, usize> {
+            current
+                .iter()
+                .filter_map(|(n, s)| Some((n.strip_prefix("n-d-devices-")?.parse::<usize>().ok()?, s)))
+                .flat_map(|(i, s)| s.devices.iter().map(move |d| (d.name.clone(), i)))
+                .collect()
+        };
+        for (k, (profile, release, pick)) in std::iter::once((0, false, 0)).chain(steps).enumerate() {
+            let before: Vec<DeviceRef> = held.clone();
+            if k > 0 {
+                if release && !held.is_empty() {
+                    let d = held.remove(pick % held.len());
+                    if let DeviceKind::Mig { profile_id, placement } = d.kind {
+                        views[d.gpu as usize].occupied.retain(|o| *o != (profile_id, placement));
+                    }
+                } else {
+                    let name = profiles[profile];
+                    let id = t.profiles.iter().find(|p| p.name.to_string() == name).expect("profile").id;
+                    let offered = order(&views);
+                    if let Some(d) = offered.into_iter().find(|d| matches!(d.kind, DeviceKind::Mig { profile_id, .. } if profile_id == id)) {
+                        if let DeviceKind::Mig { profile_id, placement } = d.kind {
+                            views[d.gpu as usize].occupied.push((profile_id, placement));
+                        }
+                        held.push(d);
+                    }
+                }
+            }
+            let next = content("d", "n", 1, &gpus, &order(&views), &held, &pins(&current));
+            let plan = write_plan(&current, &next);
+            let kept: Vec<String> = held
+                .iter()
+                .filter(|d| before.contains(d))
+                .map(|d| d.name(&t))
+                .collect();
+            for m in moments(&current, &plan) {
+                let listed: Vec<&String> = m.values().flatten().collect();
+                let mut unique = listed.clone();
+                unique.sort();
+                unique.dedup();
+                prop_assert_eq!(unique.len(), listed.len(), "a device listed twice: {:?}", m);
+                if !current.is_empty() {
+                    for a in &kept {
+                        prop_assert!(listed.contains(&a), "allocated {} missing: {:?}", a, m);
+                    }
+                }
+            }
+            for w in plan {
+                current.insert(w.name, w.spec);
+            }
+            let want: BTreeMap<String, SliceSpec> = next.into_iter().map(|s| (s.name, s.spec)).collect();
+            prop_assert_eq!(&current, &want);
+        }
     }
 }
 
