@@ -34,6 +34,18 @@ pub enum ClaimProblem {
     },
 }
 
+impl ClaimProblem {
+    /// The `reason` label of the failure metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Api(_) => "api",
+            Self::Uid { .. } | Self::NotAllocated => "claim",
+            Self::OtherDrivers(..) => "unknown_device",
+            Self::Config { .. } => "config",
+        }
+    }
+}
+
 /// This driver's devices of an allocated claim, checked against the uid the kubelet gave.
 pub fn to_prepare(claim: &ResourceClaim, asked_uid: &str, driver: &str) -> Result<ClaimToPrepare, ClaimProblem> {
     let uid = claim.metadata.uid.clone().unwrap_or_default();

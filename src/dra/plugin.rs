@@ -53,7 +53,7 @@ impl DraNode {
         let read = claims::read(&self.client, &c.namespace, &c.name).await;
         let wanted = read
             .and_then(|rc| claims::to_prepare(&rc, &c.uid, &self.driver_name))
-            .map_err(|p| (format!("claim {label}: {p}"), reason_of(&p)))?;
+            .map_err(|p| (format!("claim {label}: {p}"), p.reason()))?;
         let me = self.clone();
         let granted = tokio::task::spawn_blocking(move || {
             let mut d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
@@ -72,15 +72,6 @@ impl DraNode {
                 share_id: None,
             })
             .collect())
-    }
-}
-
-fn reason_of(p: &claims::ClaimProblem) -> &'static str {
-    match p {
-        claims::ClaimProblem::Api(_) => "api",
-        claims::ClaimProblem::Uid { .. } | claims::ClaimProblem::NotAllocated => "claim",
-        claims::ClaimProblem::OtherDrivers(..) => "unknown_device",
-        claims::ClaimProblem::Config { .. } => "config",
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::Context;
 use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::publish::{content, Catalog, PublishedGpu};
-use gpupart_node::dra::slices::{write_plan, Slice, SliceSpec};
+use gpupart_node::dra::slices::{listed_at, write_plan, Slice, SliceSpec};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use std::collections::BTreeMap;
@@ -34,8 +34,10 @@ pub struct Publisher {
     driver: String,
     node: String,
     generation: i64,
-    /// What the API holds of ours: name → (resourceVersion, spec).
-    current: BTreeMap<String, (Option<String>, SliceSpec)>,
+    /// What the API holds of ours: name → spec.
+    current: BTreeMap<String, SliceSpec>,
+    /// The resourceVersion of each slice in `current`.
+    versions: BTreeMap<String, Option<String>>,
     /// The backend's driver version, read once.
     pub driver_version: String,
     /// Counter sets per model.
@@ -61,6 +63,7 @@ impl Publisher {
             node: node.to_string(),
             generation: 0,
             current: BTreeMap::new(),
+            versions: BTreeMap::new(),
             driver_version: backend.driver_version().unwrap_or_default(),
             catalog: Catalog::default(),
         };
@@ -73,11 +76,13 @@ impl Publisher {
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
         let list = self.api.list(&lp).await.context("listing this node's ResourceSlices")?;
         self.current.clear();
+        self.versions.clear();
         for s in list.items.iter().filter(|s| s.spec.driver == self.driver) {
             let Some(name) = s.metadata.name.clone() else { continue };
             self.generation = self.generation.max(s.spec.pool.generation);
             if let Some(spec) = to_spec(s) {
-                self.current.insert(name, (s.metadata.resource_version.clone(), spec));
+                self.versions.insert(name.clone(), s.metadata.resource_version.clone());
+                self.current.insert(name, spec);
             }
         }
         Ok(())
@@ -91,14 +96,7 @@ impl Publisher {
         offered: &[DeviceRef],
         allocated: &[DeviceRef],
     ) -> anyhow::Result<Published> {
-        // Where each listed device sits now: its device slice's index.
-        let prefix = format!("{}-{}-devices-", self.node, self.driver);
-        let pinned: BTreeMap<String, usize> = self
-            .current
-            .iter()
-            .filter_map(|(name, (_, spec))| Some((name.strip_prefix(&prefix)?.parse::<usize>().ok()?, spec)))
-            .flat_map(|(i, spec)| spec.devices.iter().map(move |d| (d.name.clone(), i)))
-            .collect();
+        let pinned = listed_at(&self.driver, &self.node, &self.current);
         let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, allocated, &pinned);
         let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));
         if !same_set || self.generation == 0 {
@@ -112,9 +110,7 @@ impl Publisher {
             devices: slices.iter().map(|s| s.spec.devices.len()).sum(),
             ..Published::default()
         };
-        let held: BTreeMap<String, SliceSpec> =
-            self.current.iter().map(|(n, (_, spec))| (n.clone(), spec.clone())).collect();
-        for s in write_plan(&held, &slices) {
+        for s in write_plan(&self.current, &slices) {
             self.write(&s).await?;
             out.written += 1;
         }
@@ -127,6 +123,7 @@ impl Publisher {
                 Err(e) => return Err(anyhow::Error::new(e).context(format!("deleting the stale ResourceSlice {name}"))),
             }
             self.current.remove(&name);
+            self.versions.remove(&name);
             out.deleted += 1;
         }
         Ok(out)
@@ -137,8 +134,8 @@ impl Publisher {
         let mut obj = ResourceSlice { metadata: Default::default(), spec };
         obj.metadata.name = Some(s.name.clone());
         let pp = PostParams { field_manager: Some(crate::kube::keys::FIELD_MANAGER.into()), ..Default::default() };
-        let written = match self.current.get(&s.name) {
-            Some((rv, _)) => {
+        let written = match self.versions.get(&s.name) {
+            Some(rv) => {
                 obj.metadata.resource_version = rv.clone();
                 match self.api.replace(&s.name, &pp, &obj).await {
                     Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
@@ -165,7 +162,8 @@ impl Publisher {
             },
         }
         .with_context(|| format!("writing the ResourceSlice {}", s.name))?;
-        self.current.insert(s.name.clone(), (written.metadata.resource_version.clone(), s.spec.clone()));
+        self.versions.insert(s.name.clone(), written.metadata.resource_version.clone());
+        self.current.insert(s.name.clone(), s.spec.clone());
         Ok(())
     }
 }

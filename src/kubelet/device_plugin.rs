@@ -11,8 +11,8 @@ use super::api::{
     PreferredAllocationResponse, RegisterRequest,
 };
 use super::slots::{self, SlotGpu, UNHEALTHY};
+use super::{inode, stopped};
 use futures::StreamExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,14 +143,6 @@ struct Service {
 
 type DeviceStream = Pin<Box<dyn futures::Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
 
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    while !*stop.borrow() {
-        if stop.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 #[tonic::async_trait]
 impl DevicePlugin for Service {
     async fn get_device_plugin_options(&self, _: Request<Empty>) -> Result<Response<DevicePluginOptions>, Status> {
@@ -220,10 +212,6 @@ async fn register(cfg: &PluginConfig) -> Result<(), String> {
         options: Some(DevicePluginOptions { pre_start_required: false, get_preferred_allocation_available: true }),
     };
     RegistrationClient::new(channel).register(req).await.map(|_| ()).map_err(|s| s.message().to_string())
-}
-
-fn inode(p: &std::path::Path) -> Option<u64> {
-    std::fs::metadata(p).ok().map(|m| m.ino())
 }
 
 /// Serves on our socket and registers; starts over whenever the kubelet's socket changes (a

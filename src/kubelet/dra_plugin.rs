@@ -11,6 +11,7 @@ use super::dra::{
 };
 use super::registration::registration_server::{Registration, RegistrationServer};
 use super::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
+use super::{inode, stopped};
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -135,11 +136,6 @@ fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     Ok(listener)
 }
 
-fn inode(p: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().map(|m| m.ino())
-}
-
 /// Serves both sockets until `stop`; serves them again whenever one disappears.
 pub async fn serve<H: ClaimHandler>(
     sockets: Sockets,
@@ -169,21 +165,18 @@ pub async fn serve<H: ClaimHandler>(
         log.served.fetch_add(1, Ordering::SeqCst);
         let inodes = (inode(&reg_path), inode(&svc_path));
         let (halt_tx, halt_rx) = watch::channel(false);
-        let halted = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.changed().await;
-        };
         let svc_task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(DraPluginServer::from_arc(Arc::new(Service { handler: handler.clone() })))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::UnixListenerStream::new(svc),
-                    halted(halt_rx.clone()),
+                    stopped(halt_rx.clone()),
                 ),
         );
         let reg_task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(Reg { info: info.clone(), log: log.clone() }))
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(reg), halted(halt_rx)),
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(reg), stopped(halt_rx)),
         );
         tracing::info!(registration = %reg_path.display(), service = %svc_path.display(), "serving the kubelet");
         let stopping = loop {

@@ -34,6 +34,21 @@ pub mod dra {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
 }
 
+/// The inode of a socket file, to notice it was removed or replaced (a kubelet restart).
+pub fn inode(p: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| m.ino())
+}
+
+/// Resolves once `stop` holds `true` (or its sender is gone): a server's shutdown signal.
+pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Connects a tonic channel to a unix socket (the URI is a placeholder tonic requires).
 pub async fn unix_channel(path: std::path::PathBuf) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     tonic::transport::Endpoint::from_static("http://[::1]:1")

@@ -219,9 +219,30 @@ pub fn layout(
         out.push(Slice { name: format!("{node}-{driver}-counters-{i:03}"), spec: spec(c, Vec::new()) });
     }
     for (i, d) in device_chunks.into_iter().enumerate() {
-        out.push(Slice { name: format!("{node}-{driver}-devices-{i:03}"), spec: spec(Vec::new(), d) });
+        out.push(Slice { name: device_slice_name(driver, node, i), spec: spec(Vec::new(), d) });
     }
     out
+}
+
+/// What the names of the pool's device slices start with.
+fn device_slice_prefix(driver: &str, node: &str) -> String {
+    format!("{node}-{driver}-devices-")
+}
+
+/// The name of the pool's `index`th device slice.
+pub fn device_slice_name(driver: &str, node: &str, index: usize) -> String {
+    format!("{}{index:03}", device_slice_prefix(driver, node))
+}
+
+/// Where each device of the pool is listed now: device name → index of its device slice, read
+/// from the slices the API holds (slice name → spec).
+pub fn listed_at(driver: &str, node: &str, current: &BTreeMap<String, SliceSpec>) -> BTreeMap<String, usize> {
+    let prefix = device_slice_prefix(driver, node);
+    current
+        .iter()
+        .filter_map(|(name, spec)| Some((name.strip_prefix(&prefix)?.parse::<usize>().ok()?, spec)))
+        .flat_map(|(i, spec)| spec.devices.iter().map(move |d| (d.name.clone(), i)))
+        .collect()
 }
 
 /// The writes that take the pool from `current` (slice name → spec, as the API holds it) to

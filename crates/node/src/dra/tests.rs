@@ -231,13 +231,6 @@ proptest! {
         let mut views = idle(model, 4);
         let mut held: Vec<DeviceRef> = Vec::new();
         let mut current: BTreeMap<String, SliceSpec> = BTreeMap::new();
-        let pins = |current: &BTreeMap<String, SliceSpec>| -> BTreeMap<String, usize> {
-            current
-                .iter()
-                .filter_map(|(n, s)| Some((n.strip_prefix("n-d-devices-")?.parse::<usize>().ok()?, s)))
-                .flat_map(|(i, s)| s.devices.iter().map(move |d| (d.name.clone(), i)))
-                .collect()
-        };
         for (k, (profile, release, pick)) in std::iter::once((0, false, 0)).chain(steps).enumerate() {
             let before: Vec<DeviceRef> = held.clone();
             if k > 0 {
@@ -258,7 +251,7 @@ proptest! {
                     }
                 }
             }
-            let next = content("d", "n", 1, &gpus, &order(&views), &held, &pins(&current));
+            let next = content("d", "n", 1, &gpus, &order(&views), &held, &super::slices::listed_at("d", "n", &current));
             let plan = write_plan(&current, &next);
             let kept: Vec<String> = held
                 .iter()
