@@ -69,6 +69,29 @@ fn registers_publishes_and_registers_again_when_its_socket_goes() {
     std::fs::remove_file(rig.path("plugins_registry").join(format!("{DRIVER}-reg.sock"))).unwrap();
     rig.kubelet.wait_registered(2);
     assert!(rig.kubelet.seen().refused.is_empty());
+    // Every call was made with the socket's path as `:authority`, as kubelet 1.36 dials.
+    assert!(rig.kubelet.seen().failed.is_empty(), "{:?}", rig.kubelet.seen().failed);
+}
+
+#[test]
+fn every_slice_is_owned_by_its_node_and_goes_with_it() {
+    let rig = DraRig::start("A100-SXM4-80GB:4");
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    let slices = rig.api.store().all("resourceslices").into_iter().cloned().collect::<Vec<_>>();
+    assert!(slices.len() >= 2, "counters and devices: {}", slices.len());
+    for s in &slices {
+        let owners = &s["metadata"]["ownerReferences"];
+        assert_eq!(
+            owners,
+            &serde_json::json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": support::apiserver::NODE_UID, "controller": true}]),
+            "{}",
+            s["metadata"]["name"]
+        );
+    }
+    // Deleting the Node removes its slices (the garbage collector follows the ownerReference).
+    rig.kill();
+    rig.api.delete("nodes", "", NODE);
+    assert!(rig.api.store().all("resourceslices").is_empty());
 }
 
 #[test]

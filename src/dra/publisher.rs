@@ -11,7 +11,9 @@ use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::publish::{content, Catalog, PublishedGpu};
 use gpupart_node::dra::slices::{listed_at, write_plan, Slice, SliceSpec};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use std::collections::BTreeMap;
 
@@ -34,8 +36,13 @@ pub struct Publisher {
     driver: String,
     node: String,
     generation: i64,
+    /// The ownerReference every slice carries: the Node, so that deleting it removes them.
+    owner: OwnerReference,
     /// What the API holds of ours: name → spec.
     current: BTreeMap<String, SliceSpec>,
+    /// Slices in `current` that do not name the Node as their owner (written by an older version
+    /// or by hand): rewritten at the next publication even when their content stays.
+    unowned: std::collections::BTreeSet<String>,
     /// The resourceVersion of each slice in `current`.
     versions: BTreeMap<String, Option<String>>,
     /// The backend's driver version, read once.
@@ -49,20 +56,38 @@ fn to_spec(s: &ResourceSlice) -> Option<SliceSpec> {
 }
 
 impl Publisher {
-    /// Reads what the API holds of this node's pool.
+    /// Reads this node's Node (its uid owns the slices) and what the API holds of its pool.
     pub async fn start(
         client: kube::Client,
         driver: &str,
         node: &str,
         backend: &dyn GpuBackend,
     ) -> anyhow::Result<Self> {
+        let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+        let uid = nodes
+            .get(node)
+            .await
+            .with_context(|| format!("reading the Node {node} (its ResourceSlices name it as their owner)"))?
+            .metadata
+            .uid
+            .with_context(|| format!("the Node {node} has no uid"))?;
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: node.to_string(),
+            uid,
+            controller: Some(true),
+            block_owner_deletion: None,
+        };
         let api: kube::Api<ResourceSlice> = kube::Api::all(client);
         let mut p = Self {
+            owner,
             api,
             driver: driver.to_string(),
             node: node.to_string(),
             generation: 0,
             current: BTreeMap::new(),
+            unowned: Default::default(),
             versions: BTreeMap::new(),
             driver_version: backend.driver_version().unwrap_or_default(),
             catalog: Catalog::default(),
@@ -77,10 +102,14 @@ impl Publisher {
         let list = self.api.list(&lp).await.context("listing this node's ResourceSlices")?;
         self.current.clear();
         self.versions.clear();
+        self.unowned.clear();
         for s in list.items.iter().filter(|s| s.spec.driver == self.driver) {
             let Some(name) = s.metadata.name.clone() else { continue };
             self.generation = self.generation.max(s.spec.pool.generation);
             if let Some(spec) = to_spec(s) {
+                if s.metadata.owner_references.as_deref() != Some(std::slice::from_ref(&self.owner)) {
+                    self.unowned.insert(name.clone());
+                }
                 self.versions.insert(name.clone(), s.metadata.resource_version.clone());
                 self.current.insert(name, spec);
             }
@@ -114,6 +143,11 @@ impl Publisher {
             self.write(&s).await?;
             out.written += 1;
         }
+        let unowned: Vec<&Slice> = slices.iter().filter(|s| self.unowned.contains(&s.name)).collect();
+        for s in unowned {
+            self.write(s).await?;
+            out.written += 1;
+        }
         let stale: Vec<String> =
             self.current.keys().filter(|n| !slices.iter().any(|s| &s.name == *n)).cloned().collect();
         for name in stale {
@@ -133,6 +167,7 @@ impl Publisher {
         let spec = serde_json::from_value(serde_json::to_value(&s.spec)?).context("building a ResourceSlice")?;
         let mut obj = ResourceSlice { metadata: Default::default(), spec };
         obj.metadata.name = Some(s.name.clone());
+        obj.metadata.owner_references = Some(vec![self.owner.clone()]);
         let pp = PostParams { field_manager: Some(crate::kube::keys::FIELD_MANAGER.into()), ..Default::default() };
         let written = match self.versions.get(&s.name) {
             Some(rv) => {
@@ -164,6 +199,7 @@ impl Publisher {
         .with_context(|| format!("writing the ResourceSlice {}", s.name))?;
         self.versions.insert(s.name.clone(), written.metadata.resource_version.clone());
         self.current.insert(s.name.clone(), s.spec.clone());
+        self.unowned.remove(&s.name);
         Ok(())
     }
 }

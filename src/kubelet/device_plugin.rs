@@ -243,10 +243,7 @@ async fn serve_and_register(cfg: PluginConfig, shared: Arc<Shared>) {
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(DevicePluginServer::new(service))
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(listener),
-                    stopped(stop_rx),
-                ),
+                .serve_with_incoming_shutdown(super::authority::incoming(listener), stopped(stop_rx)),
         );
         match register(&cfg).await {
             Ok(()) => {

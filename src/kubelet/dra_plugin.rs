@@ -96,7 +96,7 @@ impl Registration for Reg {
             self.log.registered.fetch_add(1, Ordering::SeqCst);
             tracing::info!(driver = %self.info.name, "the kubelet registered the DRA plugin");
         } else {
-            tracing::error!(driver = %self.info.name, error = %s.error, "the kubelet refused the DRA plugin");
+            tracing::warn!(driver = %self.info.name, error = %s.error, "the kubelet refused to register the DRA plugin");
         }
         Ok(Response::new(RegistrationStatusResponse {}))
     }
@@ -168,15 +168,12 @@ pub async fn serve<H: ClaimHandler>(
         let svc_task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(DraPluginServer::from_arc(Arc::new(Service { handler: handler.clone() })))
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(svc),
-                    stopped(halt_rx.clone()),
-                ),
+                .serve_with_incoming_shutdown(super::authority::incoming(svc), stopped(halt_rx.clone())),
         );
         let reg_task = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(Reg { info: info.clone(), log: log.clone() }))
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(reg), stopped(halt_rx)),
+                .serve_with_incoming_shutdown(super::authority::incoming(reg), stopped(halt_rx)),
         );
         tracing::info!(registration = %reg_path.display(), service = %svc_path.display(), "serving the kubelet");
         let stopping = loop {
@@ -190,8 +187,11 @@ pub async fn serve<H: ClaimHandler>(
             }
         };
         let _ = halt_tx.send(true);
-        let _ = svc_task.await;
-        let _ = reg_task.await;
+        for (task, which) in [(svc_task, "DRA service"), (reg_task, "registration")] {
+            if let Ok(Err(e)) = task.await {
+                tracing::warn!(server = which, error = %e, "the kubelet socket's server failed");
+            }
+        }
         if stopping {
             let _ = std::fs::remove_file(&reg_path);
             let _ = std::fs::remove_file(&svc_path);

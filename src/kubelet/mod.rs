@@ -2,9 +2,11 @@
 //! PodResources API ([`podresources`]), plugin registration ([`registration`]) and DRA plugin
 //! API ([`dra`]) from `proto/`; the DRA kubelet plugin's servers ([`dra_plugin`]); MPS client slots as devices ([`slots`],
 //! pure); the device plugin server with its registration loop ([`device_plugin`]); the
-//! PodResources client ([`pod_resources`]) and its answer as allocations ([`allocations`], pure).
+//! PodResources client ([`pod_resources`]) and its answer as allocations ([`allocations`], pure);
+//! the relay that lets the kubelet's clients send any `:authority` ([`authority`]).
 
 pub mod allocations;
+pub mod authority;
 pub mod device_plugin;
 pub mod dra_plugin;
 pub mod pod_resources;

@@ -141,11 +141,28 @@ impl Store {
         object
     }
 
-    /// Deletes an object (a DELETED watch event); returns it.
+    /// Deletes an object (a DELETED watch event); returns it. Then, as kube-controller-manager's
+    /// garbage collector does with background propagation, deletes every object that names it
+    /// (by uid) among its `ownerReferences`.
     pub fn delete(&mut self, key: &Key) -> Option<Value> {
         let old = self.objects.remove(key)?;
         self.rv += 1;
         self.changes.push(Change { rv: self.rv, kind: "DELETED", key: key.clone(), object: old.clone() });
+        if let Some(uid) = old["metadata"]["uid"].as_str() {
+            let owned: Vec<Key> = self
+                .objects
+                .iter()
+                .filter(|(_, o)| {
+                    o["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(uid)))
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in owned {
+                self.delete(&k);
+            }
+        }
         Some(old)
     }
 }

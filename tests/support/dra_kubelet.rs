@@ -1,5 +1,6 @@
 //! A fake kubelet for DRA plugins, speaking the real protocols over real unix sockets: it watches
-//! the plugin registry directory as the kubelet does, dials every new `*.sock` there, asks
+//! the plugin registry directory as the kubelet does, dials every new `*.sock` there by its path
+//! as kubelet 1.36's plugin watcher does (the path as `:authority`: [`super::grpc_dial`]), asks
 //! `GetInfo`, checks the answer (type `DRAPlugin`, a `v1.DRAPlugin` version, an endpoint that
 //! exists), reports the registration, and then calls `NodePrepareResources` and
 //! `NodeUnprepareResources` on the plugin's endpoint for the tests.
@@ -9,8 +10,7 @@ use gpupart::kubelet::dra::dra_plugin_client::DraPluginClient;
 use gpupart::kubelet::dra::{
     Claim, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest,
 };
-use gpupart::kubelet::registration::registration_client::RegistrationClient;
-use gpupart::kubelet::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use gpupart::kubelet::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,16 @@ pub struct Seen {
     pub registrations: Vec<PluginInfo>,
     /// Registrations refused, with why.
     pub refused: Vec<String>,
+    /// Registration calls that failed (the plugin's socket answered with an error), each once.
+    pub failed: Vec<String>,
+}
+
+impl Seen {
+    fn failed(&mut self, what: String) {
+        if !self.failed.contains(&what) {
+            self.failed.push(what);
+        }
+    }
 }
 
 /// A running fake kubelet.
@@ -56,8 +66,10 @@ impl DraKubelet {
                     if p.extension().is_none_or(|x| x != "sock") || known.get(&p) == Some(&id) {
                         continue;
                     }
-                    known.insert(p.clone(), id);
-                    register(&p, &s).await;
+                    // A failed call is tried again, as the kubelet's reconciler does.
+                    if register(&p, &s).await {
+                        known.insert(p.clone(), id);
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -138,11 +150,19 @@ fn to_claims(claims: &[(&str, &str, &str)]) -> Vec<Claim> {
         .collect()
 }
 
-async fn register(socket: &Path, seen: &Arc<Mutex<Seen>>) {
-    let Ok(channel) = gpupart::kubelet::unix_channel(socket.to_path_buf()).await else { return };
-    let mut client = RegistrationClient::new(channel);
-    let Ok(info) = client.get_info(InfoRequest {}).await else { return };
-    let info = info.into_inner();
+/// Registers the plugin behind `socket`; `false` when a call failed.
+async fn register(socket: &Path, seen: &Arc<Mutex<Seen>>) -> bool {
+    let authority = socket.display().to_string();
+    let info: PluginInfo =
+        match super::grpc_dial::unary(socket, &authority, "/pluginregistration.Registration/GetInfo", &InfoRequest {})
+            .await
+        {
+            Ok(info) => info,
+            Err(e) => {
+                seen.lock().unwrap().failed(format!("GetInfo on {authority}: {e}"));
+                return false;
+            }
+        };
     let problem = if info.r#type != "DRAPlugin" {
         Some(format!("type {:?} is not DRAPlugin", info.r#type))
     } else if !info.supported_versions.iter().any(|v| v == "v1.DRAPlugin") {
@@ -154,10 +174,21 @@ async fn register(socket: &Path, seen: &Arc<Mutex<Seen>>) {
     };
     let status =
         RegistrationStatus { plugin_registered: problem.is_none(), error: problem.clone().unwrap_or_default() };
-    let _ = client.notify_registration_status(status).await;
+    let notified: Result<RegistrationStatusResponse, String> = super::grpc_dial::unary(
+        socket,
+        &authority,
+        "/pluginregistration.Registration/NotifyRegistrationStatus",
+        &status,
+    )
+    .await;
+    if let Err(e) = notified {
+        seen.lock().unwrap().failed(format!("NotifyRegistrationStatus on {authority}: {e}"));
+        return false;
+    }
     let mut s = seen.lock().unwrap();
     match problem {
         None => s.registrations.push(info),
         Some(p) => s.refused.push(p),
     }
+    true
 }

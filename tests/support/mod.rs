@@ -8,6 +8,7 @@ pub mod baremetal;
 pub mod controller_rig;
 pub mod dra_kubelet;
 pub mod dra_rig;
+pub mod grpc_dial;
 pub mod kube_agent;
 pub mod kubelet;
 pub mod pod_resources;
