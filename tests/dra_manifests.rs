@@ -19,7 +19,7 @@ fn documents_of(file: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn dra_manifests_validate_against_kubernetes_schemas() {
-    for f in ["deploy/dra/deviceclasses.yaml", "deploy/dra/daemonset.yaml"] {
+    for f in ["deploy/dra/deviceclasses.yaml", "deploy/dra/daemonset.yaml", "deploy/dra/admission-policy.yaml"] {
         let (ok, out) = tool("kubernetes-validate", &["--strict", &repo(f)]);
         assert!(ok, "{f}: {out}");
     }
