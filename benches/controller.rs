@@ -31,6 +31,7 @@ use gpupart::layout::DesiredDevices;
 use gpupart::mig::catalog::{self, Model};
 use gpupart::mig::{ProfileName, ProfileTable};
 use gpupart::observed::{GiState, Process};
+use gpupart::pools::Pools;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -355,7 +356,7 @@ impl Sim {
             let (tp, resource) = (p.tp, p.resource.clone());
             for n in 0..self.nodes.len() {
                 let node = &mut self.nodes[n];
-                if t < node.ready_at || node.meta.is_dedicated() != tp {
+                if t < node.ready_at || node.meta.is_dedicated(&Pools::default()) != tp {
                     continue;
                 }
                 if tp {
@@ -395,7 +396,7 @@ impl Sim {
             },
         };
         self.layouts.insert(layout.clone(), specs.clone());
-        let patch = node_patch(&self.nodes[n].meta, d, Some(&layout), i64::from(t) * 60);
+        let patch = node_patch(&self.nodes[n].meta, d, Some(&layout), i64::from(t) * 60, &Pools::default());
         merge_into(&mut self.nodes[n].meta, &patch);
         let mut mode_change = false;
         let before = self.destroyed;
@@ -474,11 +475,12 @@ fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pod
                     reclaim_after_secs: i64::MAX,
                     mps_replicas: 4,
                     reserve_for_dedicated: false,
+                    pools: Pools::default(),
                 },
                 _ => Options { reclaim_after_secs, reserve_for_dedicated, ..Options::default() },
             };
             if policy == Policy::Controller {
-                idle_clocks(&mut sim.idle_since, &nodes, &pods, i64::from(t) * 60);
+                idle_clocks(&mut sim.idle_since, &nodes, &pods, i64::from(t) * 60, &Pools::default());
             }
             let idle = sim.idle_since.clone();
             let started = Instant::now();

@@ -372,6 +372,30 @@ pub struct ControllerArgs {
     /// Listen address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:9478")]
     pub metrics_addr: std::net::SocketAddr,
+    /// The node label naming a node's pool (as `gpupart plan` labels nodes).
+    #[arg(long, value_name = "KEY", default_value = gpupart_cluster::pools::DEFAULT_POOL_LABEL)]
+    pub pool_label: String,
+    /// The pool label's value on shared nodes (set again when a dedicated node returns, if it had it).
+    #[arg(long, value_name = "VALUE", default_value = gpupart_cluster::pools::DEFAULT_SHARED_POOL)]
+    pub shared_pool: String,
+    /// The pool label's value on dedicated nodes (set when the controller dedicates a node).
+    #[arg(long, value_name = "VALUE", default_value = gpupart_cluster::pools::DEFAULT_DEDICATED_POOL)]
+    pub dedicated_pool: String,
+    /// The dedicated pool's taint, `key=value:Effect` (set when the controller dedicates a node).
+    #[arg(long, value_name = "TAINT", default_value = gpupart_cluster::pools::DEFAULT_DEDICATED_TAINT)]
+    pub dedicated_taint: String,
+}
+
+impl ControllerArgs {
+    /// The pools as the flags name them; an error names the flag and the value.
+    pub fn pools(&self) -> Result<gpupart_cluster::pools::Pools, gpupart_cluster::pools::PoolError> {
+        gpupart_cluster::pools::Pools::new(
+            &self.pool_label,
+            &self.shared_pool,
+            &self.dedicated_pool,
+            &self.dedicated_taint,
+        )
+    }
 }
 
 /// Output format of `plan`.

@@ -12,6 +12,7 @@ use super::pods::{self, GpuPod, NotServed};
 use crate::cli::ControllerArgs;
 use crate::config::ConfigFile;
 use anyhow::Context;
+use gpupart_cluster::pools::Pools;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ fn now_secs() -> i64 {
 
 /// Runs the controller until SIGTERM/SIGINT.
 pub fn run(a: &ControllerArgs) -> anyhow::Result<ExitCode> {
+    a.pools()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let code = runtime.block_on(main(a.clone()));
     runtime.shutdown_background();
@@ -94,6 +96,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         reclaim_after_secs: a.reclaim_after.as_secs() as i64,
         mps_replicas: a.mps_replicas,
         reserve_for_dedicated: a.reserve_for_dedicated,
+        pools: a.pools()?,
     };
     let mut was_leader: Option<bool> = None;
     loop {
@@ -153,7 +156,7 @@ async fn collect_batch(rx: &mut mpsc::Receiver<()>, window: Duration) {
 }
 
 /// Reads the caches into the pure inputs; pods the controller cannot serve come back apart.
-fn read_world(cluster: &Cluster, mps_resource: &str) -> (Vec<GpuNode>, Vec<GpuPod>, Vec<NotServed>) {
+fn read_world(cluster: &Cluster, mps_resource: &str, pools: &Pools) -> (Vec<GpuNode>, Vec<GpuPod>, Vec<NotServed>) {
     let mut nodes = Vec::new();
     for n in cluster.nodes() {
         match GpuNode::read(&n) {
@@ -181,7 +184,7 @@ fn read_world(cluster: &Cluster, mps_resource: &str) -> (Vec<GpuNode>, Vec<GpuPo
     let mut gpu_pods = Vec::new();
     let mut refused = Vec::new();
     for p in all_pods {
-        match pods::read(&p, mps_resource) {
+        match pods::read_with(&p, mps_resource, pools) {
             Ok(Some(g)) => {
                 if let (Some(reason), None) = (&g.unserved, g.node()) {
                     refused.push(NotServed { key: g.key.clone(), reason: reason.clone(), kind: "unservable" });
@@ -210,13 +213,13 @@ async fn one_batch(
         tracing::info!(paused = layouts.paused, configmap = %a.layouts_configmap, "the controller's off switch changed");
     }
     memory.paused = layouts.paused;
-    let (nodes, gpu_pods, refused) = read_world(cluster, &a.mps_resource);
+    let (nodes, gpu_pods, refused) = read_world(cluster, &a.mps_resource, &opts.pools);
     let config: Option<ConfigFile> = match crate::config::parse(&layouts.text) {
         Ok(c) => Some(c),
         Err(_) if layouts.text.trim().is_empty() => None,
         Err(e) => anyhow::bail!("ConfigMap {}, key {}: {e}", a.layouts_configmap, super::cluster::CONFIG_KEY),
     };
-    track(memory, &nodes, &gpu_pods, now, metrics);
+    track(memory, &nodes, &gpu_pods, now, metrics, &opts.pools);
     let mut pending: BTreeMap<String, u32> = BTreeMap::new();
     for p in gpu_pods.iter().filter(|p| p.is_unschedulable()) {
         *pending.entry(p.resource.name(&a.mps_resource)).or_default() += 1;
@@ -251,7 +254,7 @@ async fn one_batch(
             "batch decided"
         );
     }
-    carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &layouts, &outcome, now).await;
+    carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &layouts, &outcome, now, &opts.pools).await;
     let by_key: BTreeMap<&str, &GpuPod> = gpu_pods.iter().map(|p| (p.key.as_str(), p)).collect();
     let mut still: BTreeSet<String> = BTreeSet::new();
     for n in outcome.not_served.iter().chain(&refused) {
@@ -271,8 +274,15 @@ async fn one_batch(
 }
 
 /// Dedicated nodes' idle clocks and the Pending → applied times of changed nodes.
-fn track(memory: &mut Memory, nodes: &[GpuNode], pods: &[GpuPod], now: i64, metrics: &ControllerMetrics) {
-    idle_clocks(&mut memory.idle_since, nodes, pods, now);
+fn track(
+    memory: &mut Memory,
+    nodes: &[GpuNode],
+    pods: &[GpuPod],
+    now: i64,
+    metrics: &ControllerMetrics,
+    pools: &Pools,
+) {
+    idle_clocks(&mut memory.idle_since, nodes, pods, now, pools);
     for n in nodes {
         let done = memory
             .inflight
@@ -319,6 +329,7 @@ async fn carry_out(
     layouts: &Layouts,
     outcome: &Outcome,
     now: i64,
+    pools: &Pools,
 ) {
     let by_key: BTreeMap<&str, &GpuPod> = pods.iter().map(|p| (p.key.as_str(), p)).collect();
     let mut planned: Vec<(&Decision, &GpuNode, Target)> = Vec::new();
@@ -353,7 +364,7 @@ async fn carry_out(
         let shown = layout.name().unwrap_or("none").to_string();
         let note = format!("{words} node {}: {} (layout {shown})", d.node, d.change);
         if !a.dry_run {
-            if let Err(e) = patch_node(cluster, node, d, layout.name(), now).await {
+            if let Err(e) = patch_node(cluster, node, d, layout.name(), now, pools).await {
                 tracing::warn!(node = %d.node, error = %format!("{e:#}"), "not done, the node patch was refused ({note}); the next batch decides again");
                 continue;
             }
@@ -405,16 +416,17 @@ async fn patch_node(
     d: &Decision,
     layout: Option<&str>,
     now: i64,
+    pools: &Pools,
 ) -> anyhow::Result<()> {
     let mut current = node.clone();
     for attempt in 1..=PATCH_ATTEMPTS {
-        let patch = super::patch::node_patch(&current, d, layout, now);
+        let patch = super::patch::node_patch(&current, d, layout, now, pools);
         match cluster.patch_node(&node.name, &patch).await {
             Err(WriteError::Conflict(what)) => {
                 let fresh =
                     cluster.get_node(&node.name).await.with_context(|| format!("re-reading node {}", node.name))?;
                 match GpuNode::read(&fresh) {
-                    Ok(Some(f)) if super::patch::still_holds(node, &f) && attempt < PATCH_ATTEMPTS => {
+                    Ok(Some(f)) if super::patch::still_holds(node, &f, pools) && attempt < PATCH_ATTEMPTS => {
                         tracing::debug!(node = %node.name, attempt, "the node changed meanwhile, the decision still holds: patching again");
                         current = f;
                     }

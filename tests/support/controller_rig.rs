@@ -33,12 +33,19 @@ pub struct Rig {
 }
 
 /// Hand-written layouts for the tests.
-pub const CONFIG: &str = "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n  all-3g.40gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 2\n  half-whole:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 3\n    - devices: [1]\n      mig-enabled: false\n";
+pub const CONFIG: &str = "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n  all-1g.10gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 7\n  all-3g.40gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 2\n  half-whole:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 3\n    - devices: [1]\n      mig-enabled: false\n";
 
 impl Rig {
     /// `names.len()` nodes of `spec` GPUs (`A100-SXM4-80GB:2`), each asked for `layout`, with
     /// agents running and settled.
     pub fn start(spec: &str, names: &[&str], layout: &str) -> Self {
+        let nodes: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n, layout)).collect();
+        Self::start_nodes(spec, &nodes)
+    }
+
+    /// Nodes of `spec` GPUs as `nodes` describe them (layout, further labels, taints), with
+    /// agents running and settled.
+    pub fn start_nodes(spec: &str, specs: &[NodeSpec]) -> Self {
         let api = Arc::new(ApiServer::empty());
         let dir = tempfile::tempdir().unwrap();
         api.put(
@@ -47,15 +54,17 @@ impl Rig {
         );
         let mut nodes = BTreeMap::new();
         let mut agents = Vec::new();
-        for name in names {
-            api.put("nodes", json!({"metadata": {"name": name, "labels": {LAYOUT: layout}}, "spec": {}}));
+        for s in specs {
+            let mut labels = s.labels.clone();
+            labels[LAYOUT] = json!(s.layout);
+            api.put("nodes", json!({"metadata": {"name": s.name, "labels": labels}, "spec": {"taints": s.taints}}));
             let node = Arc::new(Node::with(Backend::Nvml, spec));
-            agents.push(spawn_agent(&api, &node, name));
-            nodes.insert(name.to_string(), node);
+            agents.push(spawn_agent(&api, &node, &s.name));
+            nodes.insert(s.name.clone(), node);
         }
         let rig = Self { api, nodes, scheduler: None, agents, dir };
-        for name in names {
-            rig.wait(&format!("{name} settles on {layout}"), 60, |r| r.settled(name, layout));
+        for s in specs {
+            rig.wait(&format!("{} settles on {}", s.name, s.layout), 60, |r| r.settled(&s.name, &s.layout));
         }
         rig
     }
@@ -180,6 +189,26 @@ impl Rig {
     /// Stops the agents (before the nodes' directories go).
     pub fn stop_agents(&mut self) {
         self.agents.clear();
+    }
+}
+
+/// A node of the rig: its name, the layout asked of it, further labels and taints.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// The node's name.
+    pub name: String,
+    /// Its `nvidia.com/mig.config`.
+    pub layout: String,
+    /// Further labels (a JSON object).
+    pub labels: Value,
+    /// Its taints (a JSON array).
+    pub taints: Value,
+}
+
+impl NodeSpec {
+    /// A node with no further labels or taints.
+    pub fn new(name: &str, layout: &str) -> Self {
+        Self { name: name.into(), layout: layout.into(), labels: json!({}), taints: json!([]) }
     }
 }
 

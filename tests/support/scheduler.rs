@@ -4,7 +4,9 @@
 //! on each device it gives (in that node's simulated GPUs, so the agent sees the device busy);
 //! a pod that fits nowhere gets `PodScheduled=False, reason Unschedulable`. Nodes whose agent is
 //! reconfiguring are skipped (NVIDIA's device plugin is paused then), and the dedicated taint
-//! keeps pods without its toleration away. Deleting a pod stops its processes.
+//! keeps pods without its toleration away. Required inter-pod affinity and anti-affinity are
+//! filtered as kube-scheduler's InterPodAffinity plugin does, against the pods bound before and
+//! those bound earlier in the same pass. Deleting a pod stops its processes.
 
 use super::apiserver::{now_rfc3339, ApiServer};
 use super::Node;
@@ -147,6 +149,9 @@ fn step(api: &ApiServer, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTre
         let priority = p["spec"]["priority"].as_i64().unwrap_or(0);
         (std::cmp::Reverse(priority), p["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string(), key(p))
     });
+    // Pods on nodes, as (pod, node name): the bound ones, then each one bound in this pass.
+    let mut placed: Vec<(Value, String)> =
+        pods.iter().filter_map(|p| Some((p.clone(), p["spec"]["nodeName"].as_str()?.to_string()))).collect();
     for pod in queue {
         let Some(asks) = request(pod) else { continue };
         let resource = asks[0].0.clone();
@@ -176,6 +181,14 @@ fn step(api: &ApiServer, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTre
                 pod["spec"]["nodeSelector"].as_object().is_none_or(|sel| sel.iter().all(|(k, v)| labels[k] == *v));
             if !selected || !affinity_matches(pod, labels) {
                 refuse("node(s) didn't match Pod's node affinity/selector".into());
+                return None;
+            }
+            let on_nodes: Vec<(&Value, &Value)> = placed
+                .iter()
+                .filter_map(|(p, on)| Some((p, kube_nodes.iter().find(|k| k["metadata"]["name"] == on.as_str())?)))
+                .collect();
+            if let Some(why) = inter_pod_refusal(pod, n, &on_nodes) {
+                refuse(why.into());
                 return None;
             }
             let on_node: Vec<&Value> = pods.iter().filter(|p| p["spec"]["nodeName"] == name.as_str()).collect();
@@ -214,6 +227,7 @@ fn step(api: &ApiServer, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTre
                     process(&nodes[&node], d, pid_of(&k, n), true);
                 }
                 given.insert(k.clone(), devices);
+                placed.push((pod.clone(), node.clone()));
                 let patch = json!({"spec": {"nodeName": node}, "status": {"phase": "Running", "conditions": [
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}]}});
                 api.change(|s| {
@@ -342,4 +356,91 @@ fn affinity_matches(pod: &Value, labels: &Value) -> bool {
             })
         })
     })
+}
+
+/// The pod's required terms of `kind` (`podAffinity`, `podAntiAffinity`).
+fn required_terms(pod: &Value, kind: &str) -> Vec<Value> {
+    pod["spec"]["affinity"][kind]["requiredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn namespace_of(pod: &Value) -> &str {
+    pod["metadata"]["namespace"].as_str().unwrap_or("default")
+}
+
+/// A label selector against labels: no selector selects nothing, `{}` everything.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    if !selector.is_object() {
+        return false;
+    }
+    let plain = selector["matchLabels"].as_object().into_iter().flatten().all(|(k, v)| labels[k] == *v);
+    let exprs = selector["matchExpressions"].as_array().into_iter().flatten().all(|e| {
+        let have = labels[e["key"].as_str().unwrap_or("")].as_str();
+        let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        match e["operator"].as_str().unwrap_or("") {
+            "In" => have.is_some_and(|h| values.contains(&h)),
+            "NotIn" => have.is_none_or(|h| !values.contains(&h)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            _ => false,
+        }
+    });
+    plain && exprs
+}
+
+/// Whether the term of a pod in `owner_ns` matches `pod`: its namespaces (none and no selector:
+/// the owner's; a namespace selector: any, namespace labels unread here) and its label selector.
+fn term_selects(term: &Value, owner_ns: &str, pod: &Value) -> bool {
+    let listed: Vec<&str> = term["namespaces"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let ns = namespace_of(pod);
+    let in_ns = if term["namespaceSelector"].is_object() {
+        true
+    } else if listed.is_empty() {
+        ns == owner_ns
+    } else {
+        listed.contains(&ns)
+    };
+    in_ns && selects(&term["labelSelector"], &pod["metadata"]["labels"])
+}
+
+/// kube-scheduler's InterPodAffinity filter for `pod` on `node`, given the pods on nodes: the
+/// refusal in its words, or `None`.
+fn inter_pod_refusal(pod: &Value, node: &Value, on_nodes: &[(&Value, &Value)]) -> Option<&'static str> {
+    let value = |n: &Value, term: &Value| {
+        n["metadata"]["labels"][term["topologyKey"].as_str().unwrap_or("")].as_str().map(str::to_string)
+    };
+    let together = |term: &Value, other: &Value| value(node, term).is_some() && value(node, term) == value(other, term);
+    let ns = namespace_of(pod);
+    for (q, qn) in on_nodes {
+        if required_terms(q, "podAntiAffinity").iter().any(|t| term_selects(t, namespace_of(q), pod) && together(t, qn))
+        {
+            return Some("node(s) didn't satisfy existing pods anti-affinity rules");
+        }
+    }
+    for t in required_terms(pod, "podAntiAffinity") {
+        if on_nodes.iter().any(|(q, qn)| together(&t, qn) && term_selects(&t, ns, q)) {
+            return Some("node(s) didn't match pod anti-affinity rules");
+        }
+    }
+    let affinity = required_terms(pod, "podAffinity");
+    if affinity.is_empty() {
+        return None;
+    }
+    let refused = Some("node(s) didn't match pod affinity rules");
+    if affinity.iter().any(|t| value(node, t).is_none()) {
+        return refused;
+    }
+    let all = |q: &Value| affinity.iter().all(|t| term_selects(t, ns, q));
+    if affinity.iter().all(|t| on_nodes.iter().any(|(q, qn)| all(q) && together(t, qn))) {
+        return None;
+    }
+    // The first of a group: no pod matching every term sits on a node with their keys.
+    let first = !on_nodes.iter().any(|(q, qn)| all(q) && affinity.iter().any(|t| value(qn, t).is_some()));
+    if first && all(pod) {
+        None
+    } else {
+        refused
+    }
 }

@@ -164,35 +164,44 @@ pub fn ledger(
     (l, gpus)
 }
 
+/// Where the scheduler would put waiting pods: each placed pod with its node's position.
+pub type Assigned<'p> = Vec<(&'p GpuPod, usize)>;
+
 /// Places the waiting pods on nodes with free units as the scheduler would, in its order (higher
-/// priority first, then older); the pods that fit nowhere are returned. `dedicated[i]` says node
-/// `i` is in the dedicated pool (only pods tolerating its taint go there); `usable[i]` false keeps
-/// pods off node `i`; `lands(p, i)` says whether `p` could land on node `i` apart from its GPUs.
+/// priority first, then older); returns the pods that fit nowhere and where the others went.
+/// `dedicated[i]` says node `i` is in the dedicated pool (only pods tolerating its taint go
+/// there); `usable[i]` false keeps pods off node `i`; `lands(p, i, placed)` says whether `p` could
+/// land on node `i` apart from its GPUs, with `placed` the pods placed so far.
 pub fn schedule<'p>(
     ledgers: &mut [NodeLedger],
     dedicated: &[bool],
     usable: &[bool],
     pods: &'p [GpuPod],
-    lands: impl Fn(&GpuPod, usize) -> bool,
-) -> Vec<&'p GpuPod> {
+    lands: impl Fn(&GpuPod, usize, &[(&'p GpuPod, usize)]) -> bool,
+) -> (Vec<&'p GpuPod>, Assigned<'p>) {
     let mut waiting: Vec<&GpuPod> =
         pods.iter().filter(|p| matches!(p.standing, Standing::Waiting | Standing::Unschedulable { .. })).collect();
     waiting.sort_by_key(|p| p.queue_order());
     let mut left = Vec::new();
+    let mut placed: Assigned<'p> = Vec::new();
     for p in waiting {
         let fit = (0..ledgers.len()).find(|&i| {
-            usable[i] && (!dedicated[i] || p.dedicated) && p.asks().all(|(r, n)| ledgers[i].free(r) >= n) && lands(p, i)
+            usable[i]
+                && (!dedicated[i] || p.dedicated)
+                && p.asks().all(|(r, n)| ledgers[i].free(r) >= n)
+                && lands(p, i, &placed)
         });
         match fit {
             Some(i) => {
                 for (r, n) in p.asks() {
                     *ledgers[i].assigned.entry(r.clone()).or_default() += n;
                 }
+                placed.push((p, i));
             }
             None => left.push(p),
         }
     }
-    left
+    (left, placed)
 }
 
 /// The pods of `counts` (units each, in the scheduler's order) that `free` units serve as the

@@ -3,6 +3,7 @@
 //! (never a busy one), then fragmentation afterwards; which idle nodes become dedicated for
 //! tensor-parallel pods and which dedicated nodes go back; and, for every pod left waiting, why.
 
+use super::affinity::Placed;
 use super::capacity::{layout_specs, ledger, schedule, served_in_order, NodeLedger};
 use super::gpu_options::{observed_spec, options, Counts, GpuOption};
 use super::nodes::{GpuNode, Phase, RECLAIM_LAYOUT};
@@ -11,6 +12,8 @@ use crate::config::ConfigFile;
 use crate::fleet::current::CurrentGpu;
 use crate::fleet::report::GpuSpec;
 use crate::mig::catalog::Model;
+use crate::pools::Pools;
+use k8s_openapi::api::core::v1::Taint;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Decision knobs (the controller's flags).
@@ -27,6 +30,8 @@ pub struct Options {
     /// A tensor-parallel pod no idle node serves gets the shared node that drains soonest
     /// reserved (tainted, so no new shared pod lands there; converted once idle).
     pub reserve_for_dedicated: bool,
+    /// How the pools are written on nodes.
+    pub pools: Pools,
 }
 
 impl Default for Options {
@@ -37,6 +42,7 @@ impl Default for Options {
             reclaim_after_secs: 1800,
             mps_replicas: 4,
             reserve_for_dedicated: false,
+            pools: Pools::default(),
         }
     }
 }
@@ -58,10 +64,16 @@ pub struct World<'a> {
 
 /// Starts or stops the idle clock of each node (`idle_since`, seconds): a controller-made
 /// dedicated node that is settled and has no pod bound is idle since it was first seen so.
-pub fn idle_clocks(idle_since: &mut BTreeMap<String, i64>, nodes: &[GpuNode], pods: &[GpuPod], now: i64) {
+pub fn idle_clocks(
+    idle_since: &mut BTreeMap<String, i64>,
+    nodes: &[GpuNode],
+    pods: &[GpuPod],
+    now: i64,
+    pools: &Pools,
+) {
     let bound: BTreeSet<&str> = pods.iter().filter_map(GpuPod::node).collect();
     for n in nodes {
-        if n.dedicated_by_controller() && n.phase() == Phase::Settled && !bound.contains(n.name.as_str()) {
+        if n.dedicated_by_controller(pools) && n.phase() == Phase::Settled && !bound.contains(n.name.as_str()) {
             idle_since.entry(n.name.clone()).or_insert(now);
         } else {
             idle_since.remove(&n.name);
@@ -391,6 +403,7 @@ fn change_words(opts: &[Vec<GpuOption>], picks: &[usize], gpus: &[CurrentGpu]) -
 
 /// Decides one batch.
 pub fn decide(world: &World, opts: &Options) -> Outcome {
+    let pools = &opts.pools;
     let mut out = Outcome::default();
     let mut cands: Vec<Candidate> = Vec::new();
     let mut ledgers: Vec<NodeLedger> = Vec::new();
@@ -415,14 +428,42 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             .filter(|s| s.len() == node.gpus.len() && node.phase() == Phase::Settled)
             .unwrap_or_else(|| node.gpus.iter().map(observed_spec).collect());
         ledgers.push(l.clone());
-        dedicated.push(node.is_dedicated());
+        dedicated.push(node.is_dedicated(pools));
         usable.push(!node.cordoned);
         if !matches!(node.phase(), Phase::Settled) {
             busy_nodes += 1;
         }
         cands.push(Candidate { node, model, ledger: l, gpus, current });
     }
-    let unmet_all = schedule(&mut ledgers, &dedicated, &usable, world.pods, |p, i| lands(p, cands[i].node));
+    // The GPU pods bound to nodes, as the inter-pod affinity filter sees them.
+    let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
+        world.nodes.iter().map(|n| (n.name.as_str(), &n.labels)).collect();
+    let bound: Vec<Placed> = world
+        .pods
+        .iter()
+        .filter_map(|p| Some(Placed { pod: p.view(), node_labels: labels_of.get(p.node()?)? }))
+        .collect();
+    let bound_anti = bound.iter().any(|q| !q.pod.terms.anti.is_empty());
+    let (unmet_all, assigned) = schedule(&mut ledgers, &dedicated, &usable, world.pods, |p, i, sim| {
+        let node = cands[i].node;
+        if fit_blocked(p, node, &node.labels, &node.taints, pools).is_some() {
+            return false;
+        }
+        // Inter-pod terms matter only where some pod has them (most have none).
+        if p.constraints.terms.is_empty() && !bound_anti && sim.iter().all(|(q, _)| q.constraints.terms.anti.is_empty())
+        {
+            return true;
+        }
+        let mut placed = bound.clone();
+        placed.extend(sim.iter().map(|(q, j)| Placed { pod: q.view(), node_labels: &cands[*j].node.labels }));
+        super::affinity::blocked(p.view(), &node.labels, &placed).is_none()
+    });
+    // Bound pods and those the scheduler will place: what the nodes hold once it has.
+    let placed: Vec<Placed> = bound
+        .iter()
+        .copied()
+        .chain(assigned.iter().map(|(q, j)| Placed { pod: q.view(), node_labels: &cands[*j].node.labels }))
+        .collect();
     for (c, l) in cands.iter_mut().zip(&ledgers) {
         c.ledger = l.clone();
     }
@@ -459,18 +500,18 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         for &i in changeable.iter().filter(|i| !taken.contains(i)) {
             let c = &cands[i];
             // Only pods that could land here apart from their GPUs count for this node.
-            let here: Vec<&GpuPod> = unmet.iter().copied().filter(|p| lands(p, c.node)).collect();
-            let shared: Vec<&GpuPod> = shared.iter().copied().filter(|p| lands(p, c.node)).collect();
-            let rivals: Vec<&GpuPod> = competitors.iter().copied().filter(|p| lands(p, c.node)).collect();
+            let lands_here = |p: &&GpuPod| lands(p, c.node, &placed, pools);
+            let shared: Vec<&GpuPod> = shared.iter().copied().filter(lands_here).collect();
+            let rivals: Vec<&GpuPod> = competitors.iter().copied().filter(lands_here).collect();
             let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
             let waiting = Waiting::new(&shared, &rivals, |r, n| c.ledger.free(r) >= n);
-            if let Some(d) = dedicate(c, &here) {
+            if let Some(d) = dedicate(c, &unmet, &placed, pools) {
                 let s: Score = (d.pods.len(), -i64::from(d.destroyed), 0, 0);
                 if best.as_ref().is_none_or(|(b, _, _)| s > *b) {
                     best = Some((s, i, d));
                 }
             }
-            if c.node.is_dedicated() || shared.is_empty() {
+            if c.node.is_dedicated(pools) || shared.is_empty() {
                 continue;
             }
             let node_opts: Vec<Vec<GpuOption>> = c
@@ -520,7 +561,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     // drains; reservations no pod waits for any more are released.
     let waiting_tp: Vec<&GpuPod> = unmet.iter().copied().filter(|p| p.is_tensor_parallel()).collect();
     let mut reserved: Vec<usize> =
-        (0..cands.len()).filter(|&i| is_reserved(&cands[i]) && !taken.contains(&i)).collect();
+        (0..cands.len()).filter(|&i| is_reserved(&cands[i], pools) && !taken.contains(&i)).collect();
     reserved.sort_by_key(|&i| (cands[i].ledger.pods.len(), cands[i].node.name.clone()));
     let mut reserved_for: BTreeMap<String, usize> = BTreeMap::new();
     for (p, &i) in waiting_tp.iter().zip(&reserved) {
@@ -531,8 +572,9 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             let pick = changeable
                 .iter()
                 .copied()
-                .filter(|i| !taken.contains(i) && !cands[*i].node.is_dedicated())
+                .filter(|i| !taken.contains(i) && !cands[*i].node.is_dedicated(pools))
                 .filter(|&i| cands[i].gpus.len() as u32 >= p.count && !cands[i].node.cordoned)
+                .filter(|&i| lands_once_dedicated(p, cands[i].node, &placed, pools))
                 .min_by_key(|&i| {
                     let busy: usize = cands[i].gpus.iter().map(|g| g.instances.iter().filter(|x| x.busy).count()).sum();
                     (cands[i].ledger.pods.len(), busy, cands[i].node.name.clone())
@@ -565,7 +607,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     // Dedicated nodes without pods for long enough go back to the shared pool.
     for &i in &changeable {
         let c = &cands[i];
-        if budget == 0 || taken.contains(&i) || !c.node.dedicated_by_controller() || is_reserved(c) {
+        if budget == 0 || taken.contains(&i) || !c.node.dedicated_by_controller(pools) || is_reserved(c, pools) {
             continue;
         }
         let empty = c.ledger.pods.is_empty() && c.ledger.assigned.values().all(|n| *n == 0);
@@ -593,7 +635,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                     cands[i].ledger.pods.len()
                 ),
             ),
-            None => why_not(p, &cands, &changeable, &taken, reconfiguring, opts),
+            None => why_not(p, &cands, &changeable, &taken, reconfiguring, &placed, opts),
         };
         out.not_served.push(NotServed { key: p.key.clone(), reason, kind });
     }
@@ -622,8 +664,8 @@ fn reclaim_layout(c: &Candidate) -> Option<String> {
 }
 
 /// Reserved for the dedicated pool by the controller but not converted yet (MIG or MPS on).
-fn is_reserved(c: &Candidate) -> bool {
-    c.node.dedicated_by_controller() && c.gpus.iter().any(|g| g.mig || g.mps_slots.is_some())
+fn is_reserved(c: &Candidate, pools: &Pools) -> bool {
+    c.node.dedicated_by_controller(pools) && c.gpus.iter().any(|g| g.mig || g.mps_slots.is_some())
 }
 
 fn keep(spec: GpuSpec) -> GpuOption {
@@ -638,19 +680,33 @@ fn keep(spec: GpuSpec) -> GpuOption {
 }
 
 /// A node converted to dedicated for the waiting tensor-parallel pods it can hold: only a shared
-/// (or reserved) node with nothing in use and no pod bound or about to be.
-fn dedicate(c: &Candidate, unmet: &[&GpuPod]) -> Option<Decision> {
-    let open = !c.node.is_dedicated() || is_reserved(c);
+/// (or reserved) node with nothing in use and no pod bound or about to be. Each pod is judged
+/// against the node as it will be once dedicated (the pool label and the taint set), in the
+/// scheduler's order, beside the pods `placed` in the cluster and those served before it.
+fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &[Placed], pools: &Pools) -> Option<Decision> {
+    let open = !c.node.is_dedicated(pools) || is_reserved(c, pools);
     if !open || !c.ledger.pods.is_empty() || c.ledger.assigned.values().any(|n| *n > 0) {
         return None;
     }
     if c.gpus.iter().any(CurrentGpu::any_busy) {
         return None;
     }
-    let mut tp: Vec<&&GpuPod> = unmet.iter().filter(|p| p.is_tensor_parallel()).collect();
+    let mut tp: Vec<&GpuPod> = unmet.iter().copied().filter(|p| p.is_tensor_parallel()).collect();
     tp.sort_by_key(|p| p.queue_order());
-    let counts: Vec<u32> = tp.iter().map(|p| p.count).collect();
-    let served = served_in_order(&counts, c.gpus.len() as u32);
+    let (labels, taints) = pools.once_dedicated(&c.node.labels, &c.node.taints);
+    let mut left = c.gpus.len() as u32;
+    let mut served: Vec<&GpuPod> = Vec::new();
+    for p in tp {
+        if p.count > left {
+            continue;
+        }
+        let mut beside = placed.to_vec();
+        beside.extend(served.iter().map(|q| Placed { pod: q.view(), node_labels: &c.node.labels }));
+        if blocked_with(p, c.node, &labels, &taints, &beside, pools).is_none() {
+            left -= p.count;
+            served.push(p);
+        }
+    }
     if served.is_empty() {
         return None;
     }
@@ -661,7 +717,7 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod]) -> Option<Decision> {
         model: c.model,
         specs: vec![GpuSpec::Off; c.gpus.len()],
         restore: None,
-        pods: served.iter().map(|&k| tp[k].key.clone()).collect(),
+        pods: served.iter().map(|p| p.key.clone()).collect(),
         destroyed,
         created: 0,
         frag: 0.0,
@@ -679,21 +735,47 @@ fn what(p: &GpuPod) -> String {
     }
 }
 
-/// Whether `p` could land on `node` apart from its GPUs (the dedicated taint is judged apart).
-fn lands(p: &GpuPod, node: &GpuNode) -> bool {
-    blocked_on(p, node).is_none()
+/// Why `p` could not land on `node` judged with these labels and taints, by the scheduler's
+/// filters apart from GPUs and inter-pod affinity (the dedicated taint is judged apart).
+fn fit_blocked(
+    p: &GpuPod,
+    node: &GpuNode,
+    labels: &BTreeMap<String, String>,
+    taints: &[Taint],
+    pools: &Pools,
+) -> Option<String> {
+    super::fit::blocked(&p.constraints, &node.name, labels, taints, &node.room, &pools.taint.key)
 }
 
-/// Why `p` could not land on `node` apart from its GPUs.
-fn blocked_on(p: &GpuPod, node: &GpuNode) -> Option<String> {
-    super::fit::blocked(
-        &p.constraints,
-        &node.name,
-        &node.labels,
-        &node.taints,
-        &node.room,
-        super::pods::DEDICATED_TAINT_KEY,
-    )
+/// [`fit_blocked`], then inter-pod affinity against the `placed` pods.
+fn blocked_with(
+    p: &GpuPod,
+    node: &GpuNode,
+    labels: &BTreeMap<String, String>,
+    taints: &[Taint],
+    placed: &[Placed],
+    pools: &Pools,
+) -> Option<String> {
+    fit_blocked(p, node, labels, taints, pools).or_else(|| super::affinity::blocked(p.view(), labels, placed))
+}
+
+/// Whether `p` could land on `node` as it is, apart from its GPUs.
+fn lands(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> bool {
+    blocked_with(p, node, &node.labels, &node.taints, placed, pools).is_none()
+}
+
+/// Whether `p` could land on `node` once the controller dedicated it.
+fn lands_once_dedicated(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> bool {
+    let (labels, taints) = pools.once_dedicated(&node.labels, &node.taints);
+    blocked_with(p, node, &labels, &taints, placed, pools).is_none()
+}
+
+/// Why `p` could not land on `node` apart from its GPUs, as it is and (for a tensor-parallel pod
+/// and a node the controller may dedicate) once dedicated; `None` when either way it could.
+fn blocked_on(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> Option<String> {
+    let why = blocked_with(p, node, &node.labels, &node.taints, placed, pools)?;
+    let dedicable = p.is_tensor_parallel() && !node.is_dedicated(pools);
+    (!(dedicable && lands_once_dedicated(p, node, placed, pools))).then_some(why)
 }
 
 /// Why a waiting pod is not served this batch: the kind of reason (stable from batch to batch
@@ -704,12 +786,15 @@ fn why_not(
     changeable: &[usize],
     taken: &BTreeSet<usize>,
     reconfiguring: usize,
+    placed: &[Placed],
     opts: &Options,
 ) -> (&'static str, String) {
     let need = what(p);
     // Blocked everywhere by something other than GPUs: no change can help, say which.
-    let blocked: Vec<String> =
-        cands.iter().filter_map(|c| blocked_on(p, c.node).map(|why| format!("{}: {why}", c.node.name))).collect();
+    let blocked: Vec<String> = cands
+        .iter()
+        .filter_map(|c| blocked_on(p, c.node, placed, &opts.pools).map(|why| format!("{}: {why}", c.node.name)))
+        .collect();
     if !cands.is_empty() && blocked.len() == cands.len() {
         let scheduler = p.scheduler_message.as_deref().map(|m| format!(" (the scheduler: {m})")).unwrap_or_default();
         return (

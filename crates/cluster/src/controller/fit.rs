@@ -19,6 +19,10 @@ pub struct Constraints {
     pub cpu_millis: u64,
     /// Requested memory in bytes (likewise).
     pub memory_bytes: u64,
+    /// The pod's own labels (what other pods' affinity terms match).
+    pub labels: BTreeMap<String, String>,
+    /// Required inter-pod affinity and anti-affinity.
+    pub terms: super::affinity::PodTerms,
 }
 
 /// What a node has for pods besides its GPUs.
@@ -103,6 +107,8 @@ pub fn constraints(pod: &Pod) -> Constraints {
         tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
         cpu_millis,
         memory_bytes,
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        terms: super::affinity::terms(pod),
     }
 }
 

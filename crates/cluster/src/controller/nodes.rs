@@ -2,10 +2,10 @@
 //! `gpupart.io/gpus` annotation, the requested layout (`nvidia.com/mig.config`), the agent's
 //! state, its pool (label and taint), and whether it is settled enough to change.
 
-use super::pods::DEDICATED_TAINT_KEY;
 use crate::fleet::current::{from_annotation, CurrentGpu};
-use crate::fleet::report::{LAYOUT_LABEL, POOL_LABEL};
+use crate::fleet::report::LAYOUT_LABEL;
 use crate::keys::{STATE_LABEL, STATE_LAYOUT};
+use crate::pools::Pools;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use std::collections::BTreeMap;
 
@@ -16,6 +16,9 @@ pub const GPUS_ANNOTATION: &str = "gpupart.io/gpus";
 pub const CHANGED_AT: &str = "gpupart.io/controller-changed-at";
 /// The layout a dedicated node had before the controller converted it (restored on reclaim).
 pub const RECLAIM_LAYOUT: &str = "gpupart.io/reclaim-layout";
+/// The labels the controller changed when it dedicated the node, with their earlier values
+/// (JSON: key → value, `null` for a label the node did not have), restored on reclaim.
+pub const RECLAIM_LABELS: &str = "gpupart.io/reclaim-labels";
 /// What the controller last did to the node, in words.
 pub const LAST_DECISION: &str = "gpupart.io/controller-decision";
 
@@ -91,14 +94,20 @@ impl GpuNode {
     }
 
     /// In the dedicated pool (its taint or its pool label).
-    pub fn is_dedicated(&self) -> bool {
-        self.taints.iter().any(|t| t.key == DEDICATED_TAINT_KEY && t.effect == "NoSchedule")
-            || self.labels.get(POOL_LABEL).is_some_and(|p| p == "dedicated")
+    pub fn is_dedicated(&self, pools: &Pools) -> bool {
+        pools.is_dedicated(&self.labels, &self.taints)
     }
 
     /// Converted to dedicated by the controller (it remembers the layout to restore).
-    pub fn dedicated_by_controller(&self) -> bool {
-        self.is_dedicated() && self.annotations.contains_key(RECLAIM_LAYOUT)
+    pub fn dedicated_by_controller(&self, pools: &Pools) -> bool {
+        self.is_dedicated(pools) && self.annotations.contains_key(RECLAIM_LAYOUT)
+    }
+
+    /// The labels the controller changed when it dedicated the node, with their earlier values
+    /// (`None`: the node did not have the label); `None` when it recorded none (an older
+    /// controller dedicated it).
+    pub fn reclaim_labels(&self) -> Option<BTreeMap<String, Option<String>>> {
+        self.annotations.get(RECLAIM_LABELS).and_then(|t| serde_json::from_str(t).ok())
     }
 
     /// When the controller last changed it.
@@ -153,7 +162,7 @@ pub(crate) mod tests {
         n.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
         if dedicated {
             n.spec.as_mut().unwrap().taints = Some(vec![Taint {
-                key: DEDICATED_TAINT_KEY.into(),
+                key: crate::controller::pods::DEDICATED_TAINT_KEY.into(),
                 value: Some("true".into()),
                 effect: "NoSchedule".into(),
                 time_added: None,
@@ -175,9 +184,9 @@ pub(crate) mod tests {
         assert_eq!(n.gpus[0].instances.len(), 2);
         assert!(n.gpus[0].instances[0].busy);
         assert_eq!(n.model(), Ok(Some("A100-SXM4-80GB")));
-        assert!(!n.is_dedicated());
+        assert!(!n.is_dedicated(&Pools::default()));
         let d = GpuNode::read(&node("d", g, &[], true)).unwrap().unwrap();
-        assert!(d.is_dedicated() && !d.dedicated_by_controller());
+        assert!(d.is_dedicated(&Pools::default()) && !d.dedicated_by_controller(&Pools::default()));
         let plain: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": "cpu"}})).unwrap();
         assert_eq!(GpuNode::read(&plain), Ok(None));
         let bad = node("b", "{", &[], false);

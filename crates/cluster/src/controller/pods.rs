@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 /// NVIDIA's whole-GPU resource.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
-/// Key of the dedicated pool's taint (`gpu-dedicated=true:NoSchedule`).
+/// Key of the dedicated pool's default taint (`gpu-dedicated=true:NoSchedule`).
 pub const DEDICATED_TAINT_KEY: &str = "gpu-dedicated";
 
 /// A GPU resource the controller can provide.
@@ -107,6 +107,15 @@ impl GpuPod {
         self.dedicated && self.resource == Resource::Gpu && self.count > 1
     }
 
+    /// As the inter-pod affinity filter sees it.
+    pub fn view(&self) -> super::affinity::PodView<'_> {
+        super::affinity::PodView {
+            namespace: &self.namespace,
+            labels: &self.constraints.labels,
+            terms: &self.constraints.terms,
+        }
+    }
+
     /// The node it is bound to.
     pub fn node(&self) -> Option<&str> {
         match &self.standing {
@@ -171,15 +180,20 @@ fn seconds(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> i64 {
     t.0.as_second()
 }
 
-/// Reads a pod: `Ok(None)` when it asks for no GPU resource or has finished; `Err` when it asks
-/// for GPUs in a way the controller does not serve (several GPU resources, a compute-instance
-/// profile, a bad quantity).
+/// Reads a pod with the default pools: `Ok(None)` when it asks for no GPU resource or has
+/// finished; `Err` when it asks for GPUs in a way the controller does not serve (several GPU
+/// resources, a compute-instance profile, a bad quantity).
 pub fn read(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> {
+    read_with(pod, mps_resource, &crate::pools::Pools::default())
+}
+
+/// [`read`], the dedicated pool's taint as `pools` names it.
+pub fn read_with(pod: &Pod, mps_resource: &str, pools: &crate::pools::Pools) -> Result<Option<GpuPod>, NotServed> {
     // Only a pod waiting for a node is ever judged: a bound or running pod the controller cannot
     // read is none of its business (and gets no NotServed Event, nor counts as unserved).
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
-    match read_any(pod, mps_resource) {
+    match read_any(pod, mps_resource, pools) {
         Err(_) if bound || phase != "Pending" => Ok(None),
         r => r,
     }
@@ -206,7 +220,7 @@ fn resource_of(res_name: &str, mps_resource: &str) -> Result<Resource, String> {
 }
 
 /// [`read`] for a pod in any phase.
-fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> {
+fn read_any(pod: &Pod, mps_resource: &str, pools: &crate::pools::Pools) -> Result<Option<GpuPod>, NotServed> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
     let name = pod.metadata.name.clone().unwrap_or_default();
     let key = format!("{namespace}/{name}");
@@ -240,15 +254,7 @@ fn read_any(pod: &Pod, mps_resource: &str) -> Result<Option<GpuPod>, NotServed> 
         (None, Some(c)) => Standing::Unschedulable { since: c.last_transition_time.as_ref().map(seconds) },
         (None, None) => Standing::Waiting,
     };
-    let dedicated = spec.and_then(|s| s.tolerations.as_ref()).is_some_and(|ts| {
-        ts.iter().any(|t| {
-            let key_ok = t.key.as_deref() == Some(DEDICATED_TAINT_KEY)
-                || (t.key.as_deref().unwrap_or("").is_empty() && t.operator.as_deref() == Some("Exists"));
-            let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == "NoSchedule");
-            let value_ok = t.operator.as_deref() == Some("Exists") || t.value.as_deref() == Some("true");
-            key_ok && effect_ok && value_ok
-        })
-    });
+    let dedicated = spec.and_then(|s| s.tolerations.as_ref()).is_some_and(|ts| pools.taint.tolerated_by(ts));
     Ok(Some(GpuPod {
         key,
         namespace,

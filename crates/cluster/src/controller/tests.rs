@@ -288,7 +288,7 @@ fn opted_in_a_waiting_tensor_parallel_pod_reserves_the_node_that_drains_soonest(
         out.not_served[0].reason,
         "needs 2 whole GPUs on a dedicated node; node gpu-b is reserved for it and converts once its 1 pod(s) end"
     );
-    let patch = super::patch::node_patch(&nodes[1], d, d.restore.as_deref(), 10_000);
+    let patch = super::patch::node_patch(&nodes[1], d, d.restore.as_deref(), 10_000, &opts.pools);
     assert_eq!(patch["metadata"]["labels"][LAYOUT_LABEL], "all-3g.40gb");
     assert_eq!(patch["spec"]["taints"][0]["key"], "gpu-dedicated");
     // Reserved: no second reservation while it drains.
@@ -314,4 +314,126 @@ fn opted_in_a_waiting_tensor_parallel_pod_reserves_the_node_that_drains_soonest(
     let out = run(&two, &no_tp, &opts);
     let d = &out.decisions[0];
     assert_eq!((d.node.as_str(), d.kind.clone(), d.restore.as_deref()), ("gpu-b", Kind::Reclaim, Some("all-3g.40gb")));
+}
+
+/// The pools as users write them: pods select `gpu-pool`, the large model's replicas keep off
+/// each other's nodes by a required anti-affinity on the hostname.
+mod pools_as_written {
+    use super::*;
+    use crate::pools::Pools;
+
+    fn labelled(name: &str, gpus: &[&str], pool: &str) -> GpuNode {
+        let mut n = node(name, gpus);
+        n.labels.insert(POOL_LABEL.into(), pool.into());
+        n.labels.insert("kubernetes.io/hostname".into(), name.into());
+        n.labels.insert("nvidia.com/gpu.product".into(), "NVIDIA-A100-SXM4-80GB".into());
+        n
+    }
+
+    fn replica(name: &str, age: i64) -> GpuPod {
+        let mut p = pod(name, Resource::Gpu, 4, age);
+        p.dedicated = true;
+        let spec: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "serving", "name": name, "labels": {"app": "llm-70b", "gpu-pool": "dedicated"}},
+            "spec": {"containers": [{"name": "m"}],
+                "nodeSelector": {"gpu-pool": "dedicated", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+                "tolerations": [{"key": "gpu-dedicated", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchExpressions": [{"key": "gpu-pool", "operator": "In", "values": ["dedicated"]}]},
+                     "topologyKey": "kubernetes.io/hostname"}]}}}
+        }))
+        .unwrap();
+        p.constraints = super::super::fit::constraints(&spec);
+        p
+    }
+
+    /// A dedicated node (label and taint) with eight whole GPUs; shared nodes in 3g.40gb.
+    fn cluster() -> Vec<GpuNode> {
+        let mut d = labelled("gpu-d", &["off"; 8], "dedicated");
+        d.taints.push(Pools::default().taint.to_taint());
+        let shared = |n: &str, busy: bool| {
+            let g = if busy { "3g.40gb@0*,3g.40gb@4" } else { "3g.40gb@0,3g.40gb@4" };
+            labelled(n, &[g; 8], "shared")
+        };
+        vec![d, shared("gpu-s1", true), shared("gpu-s2", false)]
+    }
+
+    #[test]
+    fn the_second_replica_gets_the_idle_shared_node_dedicated_never_the_busy_one() {
+        let nodes = cluster();
+        let first = bound(replica("llm-0", 1), "gpu-d");
+        let busy = bound(pod("small-0", mig("3g.40gb"), 1, 2), "gpu-s1");
+        let pods = vec![first, busy, replica("llm-1", 3)];
+        let out = run(&nodes, &pods, &Options::default());
+        assert_eq!(out.decisions.len(), 1, "{out:#?}");
+        let d = &out.decisions[0];
+        assert_eq!(
+            (d.node.as_str(), d.kind.clone(), d.pods.clone()),
+            ("gpu-s2", Kind::Dedicate, vec!["serving/llm-1".to_string()])
+        );
+        // The dedicated node still has four free GPUs, but the anti-affinity keeps llm-1 off it.
+        assert!(out.not_served.is_empty(), "{:?}", out.not_served);
+        // Without the anti-affinity the scheduler would put it beside llm-0: nothing to do.
+        let plain = |mut p: GpuPod| {
+            p.constraints.terms = Default::default();
+            p
+        };
+        let out =
+            run(&nodes, &[plain(pods[0].clone()), pods[1].clone(), plain(replica("llm-1", 3))], &Options::default());
+        assert!(out.decisions.is_empty() && out.not_served.is_empty(), "{out:#?}");
+    }
+
+    #[test]
+    fn two_waiting_replicas_never_share_a_node_the_controller_dedicates() {
+        let nodes = cluster();
+        let pods =
+            vec![replica("llm-0", 1), replica("llm-1", 2), replica("llm-2", 3), bound(replica("llm-x", 0), "gpu-s1")];
+        let out = run(&nodes, &pods, &Options { max_concurrent_nodes: 3, ..Options::default() });
+        // gpu-d takes one (the scheduler's first pick), gpu-s2 gets dedicated for one more, the
+        // third waits: gpu-s1 holds llm-x (and is busy).
+        let dedicated: Vec<(&str, &[String])> =
+            out.decisions.iter().map(|d| (d.node.as_str(), d.pods.as_slice())).collect();
+        assert_eq!(dedicated.len(), 1, "{out:#?}");
+        assert_eq!(dedicated[0].0, "gpu-s2");
+        assert_eq!(dedicated[0].1.len(), 1, "two replicas on one node would break their anti-affinity");
+        assert_eq!(out.not_served.len(), 1, "{out:#?}");
+    }
+
+    #[test]
+    fn a_pod_that_only_a_dedicated_node_satisfies_is_not_told_it_is_blocked_everywhere() {
+        let nodes = cluster()[1..].to_vec();
+        let busy = |n: &str, i| bound(pod(&format!("small-{i}"), mig("3g.40gb"), 1, 2), n);
+        let pods = vec![busy("gpu-s1", 0), busy("gpu-s2", 1), replica("llm-0", 3)];
+        let out = run(&nodes, &pods, &Options::default());
+        assert!(out.decisions.is_empty(), "{out:#?}");
+        let why = &out.not_served[0];
+        assert_eq!(why.kind, "pods-in-the-way", "{why:?}");
+        // A selector no node can ever satisfy is another matter.
+        let mut lost = replica("llm-0", 3);
+        lost.constraints.node_selector.insert("nvidia.com/gpu.product".into(), "NVIDIA-H200".into());
+        let out = run(&nodes, &[pods[0].clone(), pods[1].clone(), lost], &Options::default());
+        assert_eq!(out.not_served[0].kind, "blocked", "{:?}", out.not_served);
+    }
+
+    #[test]
+    fn pool_names_come_from_the_options() {
+        let pools = Pools::new("tier", "small", "large", "tier-large=yes:NoSchedule").unwrap();
+        let mut nodes = cluster();
+        for n in &mut nodes {
+            let pool = n.labels.remove(POOL_LABEL).unwrap();
+            n.labels.insert("tier".into(), if pool == "dedicated" { "large".into() } else { "small".into() });
+            n.taints.clear();
+        }
+        nodes[0].taints.push(pools.taint.to_taint());
+        let mut r = replica("llm-1", 3);
+        r.constraints.node_selector = BTreeMap::from([("tier".to_string(), "large".to_string())]);
+        r.constraints.tolerations =
+            serde_json::from_value(serde_json::json!([{"key": "tier-large", "operator": "Exists"}])).unwrap();
+        let mut first = r.clone();
+        first.key = "serving/llm-0".into();
+        let pods = vec![bound(first, "gpu-d"), bound(pod("small-0", mig("3g.40gb"), 1, 2), "gpu-s1"), r];
+        let opts = Options { pools, ..Options::default() };
+        let out = run(&nodes, &pods, &opts);
+        assert_eq!(out.decisions.iter().map(|d| d.node.as_str()).collect::<Vec<_>>(), ["gpu-s2"], "{out:#?}");
+    }
 }

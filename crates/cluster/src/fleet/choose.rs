@@ -23,9 +23,9 @@ impl Pool {
     /// The `gpu-pool` label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Pool::Dedicated => "dedicated",
+            Pool::Dedicated => crate::pools::DEFAULT_DEDICATED_POOL,
             Pool::Standard => "standard",
-            Pool::Shared => "shared",
+            Pool::Shared => crate::pools::DEFAULT_SHARED_POOL,
             Pool::Mps => "mps",
         }
     }

@@ -11,12 +11,12 @@ use gpupart_node::frag::{expected_fragmentation, Workload};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-/// The `gpu-pool` node label.
-pub const POOL_LABEL: &str = "gpu-pool";
+/// The pool label (the controller's `--pool-label` default).
+pub const POOL_LABEL: &str = crate::pools::DEFAULT_POOL_LABEL;
 /// The layout label the agents read.
 pub const LAYOUT_LABEL: &str = "nvidia.com/mig.config";
-/// The taint of dedicated nodes.
-pub const DEDICATED_TAINT: &str = "gpu-dedicated=true:NoSchedule";
+/// The taint of dedicated nodes (the controller's `--dedicated-taint` default).
+pub const DEDICATED_TAINT: &str = crate::pools::DEFAULT_DEDICATED_TAINT;
 
 /// `plan -o json`.
 #[derive(Debug, Clone, Serialize)]
