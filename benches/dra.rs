@@ -23,6 +23,7 @@ use gpupart::backend::GpuBackend;
 use gpupart::dra::devices::{DeviceKind, DeviceRef};
 use gpupart::dra::order::{nvidia_order, order, GpuView};
 use gpupart::dra::publish::{content, Catalog, PublishedGpu};
+use gpupart::dra::slices::{write_plan, SliceSpec};
 use gpupart::mig::capacity::Occupancy;
 use gpupart::mig::Placement;
 use std::cmp::Reverse;
@@ -113,6 +114,10 @@ struct Tally {
     largest_samples: usize,
     created: usize,
     destroyed: usize,
+    /// Claims allocated.
+    allocated: usize,
+    /// ResourceSlice writes the publications took (only slices whose content changed).
+    writes: usize,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -127,6 +132,8 @@ impl std::ops::AddAssign for Tally {
         self.largest_samples += o.largest_samples;
         self.created += o.created;
         self.destroyed += o.destroyed;
+        self.allocated += o.allocated;
+        self.writes += o.writes;
     }
 }
 
@@ -136,6 +143,9 @@ struct Node {
     views: Vec<GpuView>,
     allocator: Allocator,
     held: BTreeMap<usize, (Vec<Allocated>, Vec<DeviceRef>)>,
+    /// The slices as last published, and the writes publishing took so far.
+    current: BTreeMap<String, SliceSpec>,
+    writes: usize,
 }
 
 impl Node {
@@ -156,15 +166,23 @@ impl Node {
                 whole_taken: false,
             })
             .collect();
-        Self { gpus, views, allocator: Allocator::default(), held: BTreeMap::new() }
+        Self {
+            gpus,
+            views,
+            allocator: Allocator::default(),
+            held: BTreeMap::new(),
+            current: BTreeMap::new(),
+            writes: 0,
+        }
     }
 
-    /// Publishes `offered` in order, then the allocated devices (their counters stay accounted),
-    /// as the plugin does.
+    /// Publishes every device, `offered` first in order within its group, as the plugin does
+    /// (the allocated devices stay listed, so their counters stay accounted), counting the slice
+    /// writes it takes.
     fn publish(&mut self, offered: &[DeviceRef]) {
-        let allocated: Vec<DeviceRef> = self.held.values().flat_map(|(_, d)| d.iter().copied()).collect();
-        // The stand-in reads a publication whole, so where allocated devices sit does not matter.
-        let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &allocated, &BTreeMap::new());
+        let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &BTreeMap::new());
+        self.writes += write_plan(&self.current, &slices).len();
+        self.current = slices.iter().map(|s| (s.name.clone(), s.spec.clone())).collect();
         self.allocator.slices = slices.into_iter().map(|s| (s.name, s.spec)).collect();
     }
 
@@ -263,6 +281,8 @@ fn replay(model: &str, asks: &[Ask], events: &[Event], gpupart: bool) -> Tally {
         let all = nvidia_order(&node.views);
         node.publish(&all);
     }
+    // The first publication is the same for every order: count what follows.
+    node.writes = 0;
     for e in events {
         let ask = asks[e.claim];
         if !e.arrive {
@@ -281,6 +301,7 @@ fn replay(model: &str, asks: &[Ask], events: &[Event], gpupart: bool) -> Tally {
         match node.allocator.allocate(&requests(ask)) {
             Some(got) => {
                 t.created += usize::from(!whole);
+                t.allocated += 1;
                 node.hold(e.claim, got);
                 if gpupart {
                     node.publish_gpupart();
@@ -295,6 +316,7 @@ fn replay(model: &str, asks: &[Ask], events: &[Event], gpupart: bool) -> Tally {
             }
         }
     }
+    t.writes = node.writes;
     t
 }
 
@@ -649,7 +671,7 @@ fn main() {
     );
     println!("'move-all' may move every instance at every arrival, which no order can: a comparator, not a policy");
     println!(
-        "{:<16} {:>5} {:>5} {:<9} {:>8} {:>8} {:>14} {:>6} {:>14} {:>13} {:>8} {:>10}",
+        "{:<16} {:>5} {:>5} {:<9} {:>8} {:>8} {:>14} {:>6} {:>14} {:>13} {:>8} {:>10} {:>13}",
         "model",
         "whole",
         "load",
@@ -661,7 +683,8 @@ fn main() {
         "whole refused",
         "mean largest",
         "created",
-        "destroyed"
+        "destroyed",
+        "writes/alloc"
     );
     for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
         for wscale in [1.0, 0.3] {
@@ -682,7 +705,7 @@ fn main() {
                     let largest =
                         if t.largest_samples > 0 { t.largest_sum / t.largest_samples as f64 } else { f64::NAN };
                     println!(
-                        "{:<16} {:>5.1} {:>5.1} {:<9} {:>8} {:>7.1}% {:>14} {:>6} {:>14} {:>13.2} {:>8} {:>10}",
+                        "{:<16} {:>5.1} {:>5.1} {:<9} {:>8} {:>7.1}% {:>14} {:>6} {:>14} {:>13.2} {:>8} {:>10} {:>13}",
                         model,
                         wscale,
                         load,
@@ -694,7 +717,12 @@ fn main() {
                         format!("{}/{}", t.whole_refused, t.whole_claims),
                         largest,
                         t.created,
-                        t.destroyed
+                        t.destroyed,
+                        if t.allocated > 0 && t.writes > 0 {
+                            format!("{:.2}", t.writes as f64 / t.allocated as f64)
+                        } else {
+                            "-".to_string()
+                        }
                     );
                 }
                 let ratio = |t: &Tally| t.refused_with_capacity as f64 / sum[0].refused_with_capacity.max(1) as f64;

@@ -12,6 +12,7 @@ use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::driver::Driver;
 use gpupart_node::dra::order::order;
+use gpupart_node::dra::unavailable::unavailable;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -142,8 +143,11 @@ pub async fn publish_loop(
     loop {
         let me = node.clone();
         let computed = tokio::task::spawn_blocking(move || {
-            let states = me.backend.observe_all()?;
+            // The GPUs are read under the driver's lock, so what they hold and what the
+            // checkpoint says the claims hold are of one moment (a Prepare or Unprepare half seen
+            // would make an instance look like no claim's and taint what it blocks).
             let d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
+            let states = me.backend.observe_all()?;
             let tables = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| &s.profiles);
             let held = me.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let pending: Vec<DeviceRef> = held
@@ -153,15 +157,15 @@ pub async fn publish_loop(
                 .collect();
             let views = d.views(&states, &pending);
             let offered = order(&views);
-            let allocated: Vec<DeviceRef> = d.prepared_devices().into_iter().chain(pending).collect();
+            let unavailable = unavailable(&views, &d.claimed_views(&states, &pending));
             let prepared = d.checkpoint().claims.len();
-            Ok::<_, gpupart_node::backend::BackendError>((states, offered, allocated, prepared))
+            Ok::<_, gpupart_node::backend::BackendError>((states, offered, unavailable, prepared))
         })
         .await;
         match computed {
-            Ok(Ok((states, offered, allocated, prepared))) => {
+            Ok(Ok((states, offered, unavailable, prepared))) => {
                 let gpus = publisher.catalog.gpus(&states, &publisher.driver_version);
-                match publisher.publish(&gpus, &offered, &allocated).await {
+                match publisher.publish(&gpus, &offered, &unavailable).await {
                     Ok(p) => {
                         outage.ok();
                         health.beat();

@@ -1,16 +1,16 @@
-//! Publishes the node's pool as ResourceSlices: the devices in gpupart's order (offered first;
-//! allocated ones kept listed, each in the slice that lists it, so the scheduler keeps counting
-//! their counters), rewritten in place when only the order or content changes (a pool whose
-//! slices carry different generations is unusable until all carry the new one), a moving device
-//! removed from its old slice before it joins its new one (never listed twice), with the
-//! generation bumped only when the set of slices changes, then every slice written back to back
-//! and the stale ones deleted.
+//! Publishes the node's pool as ResourceSlices: every device the GPUs could have, each in its
+//! group's slice for good, the ones that can be created now first in gpupart's order (so no
+//! device the scheduler may be allocating ever leaves the pool or moves, and the scheduler keeps
+//! counting every allocated device's counters); only slices whose content changed are written,
+//! each in one write; the generation is bumped only when the set of slices changes (the GPUs
+//! changed, or an earlier layout is replaced), then every slice is written back to back and the
+//! stale ones deleted.
 
 use anyhow::Context;
 use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::publish::{content, Catalog, PublishedGpu};
-use gpupart_node::dra::slices::{listed_at, write_plan, Slice, SliceSpec};
+use gpupart_node::dra::slices::{write_plan, Slice, SliceSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -117,16 +117,16 @@ impl Publisher {
         Ok(())
     }
 
-    /// Publishes `offered` (in order) and `allocated`: rewrites changed slices in place, bumps the
-    /// generation when the set of slices changes, deletes stale ones.
+    /// Publishes every device, `offered` first (in order) within each group and `unavailable`
+    /// ones tainted: rewrites changed slices in place, bumps the generation when the set of
+    /// slices changes, deletes stale ones.
     pub async fn publish(
         &mut self,
         gpus: &[PublishedGpu],
         offered: &[DeviceRef],
-        allocated: &[DeviceRef],
+        unavailable: &BTreeMap<DeviceRef, String>,
     ) -> anyhow::Result<Published> {
-        let pinned = listed_at(&self.driver, &self.node, &self.current);
-        let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, allocated, &pinned);
+        let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, unavailable);
         let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));
         if !same_set || self.generation == 0 {
             self.generation += 1;

@@ -88,6 +88,12 @@ fn pools<'a>(slices: &'a [(String, SliceSpec)]) -> Vec<Pool<'a>> {
     out
 }
 
+/// A device taint the request does not tolerate (these requests tolerate none): `NoSchedule` and
+/// `NoExecute` keep the allocator off the device.
+fn tainted(d: &Device) -> bool {
+    d.taints.iter().any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+}
+
 fn matches(d: &Device, selectors: &[(String, String)]) -> bool {
     selectors.iter().all(|(k, v)| d.attributes.get(k).and_then(|a| a.text()).as_deref() == Some(v.as_str()))
 }
@@ -190,6 +196,7 @@ impl Allocator {
             if other_driver
                 || self.allocated.contains(&key)
                 || picked.iter().any(|&(_, a)| a == at)
+                || tainted(d)
                 || !matches(d, &req.selectors)
             {
                 continue;

@@ -197,6 +197,24 @@ struct Shared {
     signals: broadcast::Sender<Signal>,
 }
 
+/// The store of a running server, shared with a thread of the test (see [`ApiServer::handle`]).
+#[derive(Clone)]
+pub struct StoreHandle(Shared);
+
+impl StoreHandle {
+    /// Locks the store.
+    pub fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.0.store.lock().unwrap()
+    }
+
+    /// Changes the store and wakes the watches.
+    pub fn change<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
+        let r = f(&mut self.store());
+        let _ = self.0.signals.send(Signal::Changed);
+        r
+    }
+}
+
 /// What wakes the watches.
 #[derive(Clone, Copy, Debug)]
 enum Signal {
@@ -666,6 +684,11 @@ impl ApiServer {
     /// Locks the store.
     pub fn store(&self) -> std::sync::MutexGuard<'_, Store> {
         self.shared.store.lock().unwrap()
+    }
+
+    /// A handle on the store for another thread: it reads and changes what this server serves.
+    pub fn handle(&self) -> StoreHandle {
+        StoreHandle(self.shared.clone())
     }
 
     /// Changes the store and wakes the watches.

@@ -158,12 +158,18 @@ impl DraRig {
         self.slices().iter().flat_map(|(_, s)| s.devices.iter().map(|d| d.name.clone())).collect()
     }
 
-    /// Waits until the published pool satisfies `ok`.
+    /// Waits until the published pool is complete (every slice of one generation there) and
+    /// satisfies `ok`.
     pub fn wait_slices(&self, what: &str, ok: impl Fn(&[(String, SliceSpec)]) -> bool) -> Vec<(String, SliceSpec)> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let s = self.slices();
-            if !s.is_empty() && ok(&s) {
+            let complete = s.first().is_some_and(|(_, f)| {
+                s.iter().all(|(_, x)| {
+                    x.pool.generation == f.pool.generation && x.pool.resource_slice_count == s.len() as i64
+                })
+            });
+            if complete && ok(&s) {
                 return s;
             }
             assert!(
@@ -188,23 +194,102 @@ impl DraRig {
         out
     }
 
-    /// Waits (up to 3 s) until the publication reflects every allocation: each allocated device is
-    /// listed after every offered one of its slice.
+    /// Judges devices against the allocated ones (by name): whether each could be created given
+    /// them alone and is not tainted, i.e. what the plugin should list first in its slice.
+    fn judge(&self, allocated: &[String]) -> impl Fn(&gpupart::dra::slices::Device) -> bool {
+        use gpupart::dra::devices::{DeviceKind, DeviceRef};
+        let tables: std::collections::BTreeMap<u32, gpupart::mig::ProfileTable> = self
+            .node
+            .load()
+            .gpus
+            .iter()
+            .filter_map(|g| Some((g.index, gpupart::mig::catalog::lookup(&g.model)?.profile_table())))
+            .collect();
+        let taken: Vec<DeviceRef> = allocated.iter().filter_map(|a| DeviceRef::parse(a, |g| tables.get(&g))).collect();
+        move |d| {
+            let Some(me) = DeviceRef::parse(&d.name, |g| tables.get(&g)) else { return false };
+            let mut mine = taken.iter().filter(|a| a.gpu == me.gpu);
+            d.taints.is_empty()
+                && match me.kind {
+                    DeviceKind::Gpu => mine.next().is_none(),
+                    DeviceKind::Mig { placement, .. } => mine.all(|a| match a.kind {
+                        DeviceKind::Gpu => false,
+                        DeviceKind::Mig { placement: p, .. } => !p.overlaps(placement),
+                    }),
+                }
+        }
+    }
+
+    /// The devices listed ahead of every device that cannot be created now, in visiting order:
+    /// what the plugin offers, as far as the allocations tell.
+    pub fn offered(&self) -> Vec<String> {
+        let creatable = self.judge(&self.allocated());
+        let mut out = Vec::new();
+        for (_, s) in self.slices() {
+            out.extend(s.devices.iter().take_while(|d| creatable(d)).map(|d| d.name.clone()));
+        }
+        out
+    }
+
+    /// The publication order the plugin should show now, as a sort key per device name: the GPUs
+    /// as the simulator holds them (every instance, processes outside MIG) plus every allocated
+    /// device occupying its placement, ranked by the node library's order; the rest after it,
+    /// in device order.
+    fn expected_rank(&self) -> impl Fn(&str) -> (usize, Option<gpupart::dra::devices::DeviceRef>) {
+        use gpupart::dra::devices::{DeviceKind, DeviceRef};
+        use gpupart::dra::order::{order, GpuView};
+        let state = self.node.load();
+        let tables: std::collections::BTreeMap<u32, gpupart::mig::ProfileTable> = state
+            .gpus
+            .iter()
+            .filter_map(|g| Some((g.index, gpupart::mig::catalog::lookup(&g.model)?.profile_table())))
+            .collect();
+        let allocated: Vec<DeviceRef> =
+            self.allocated().iter().filter_map(|a| DeviceRef::parse(a, |g| tables.get(&g))).collect();
+        let views: Vec<GpuView> = state
+            .gpus
+            .iter()
+            .map(|g| {
+                let mut occupied: Vec<(u32, gpupart::mig::Placement)> =
+                    g.gpu_instances.iter().map(|gi| (gi.profile_id, gi.placement)).collect();
+                for a in allocated.iter().filter(|a| a.gpu == g.index) {
+                    if let DeviceKind::Mig { profile_id, placement } = a.kind {
+                        if !occupied.iter().any(|(_, p)| *p == placement) {
+                            occupied.push((profile_id, placement));
+                        }
+                    }
+                }
+                let whole = allocated.iter().any(|a| a.gpu == g.index && a.kind == DeviceKind::Gpu);
+                GpuView {
+                    index: g.index,
+                    table: tables.get(&g.index).cloned().unwrap_or_else(gpupart::mig::ProfileTable::empty),
+                    mig_enabled: g.mig_mode.current,
+                    occupied,
+                    whole_taken: whole || (!g.mig_mode.current && !g.processes.is_empty()),
+                }
+            })
+            .collect();
+        let rank: std::collections::BTreeMap<DeviceRef, usize> =
+            order(&views).into_iter().enumerate().map(|(i, d)| (d, i)).collect();
+        move |name| {
+            let d = DeviceRef::parse(name, |g| tables.get(&g));
+            (d.and_then(|d| rank.get(&d).copied()).unwrap_or(usize::MAX), d)
+        }
+    }
+
+    /// Waits (up to 3 s) until the publication reflects every allocation: each slice lists its
+    /// devices in the order the node's GPUs and allocations call for (what can be created now
+    /// first, ranked; then the rest).
     pub fn wait_caught_up(&self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
-            let allocated = self.allocated();
+            let rank = self.expected_rank();
             let slices = self.slices();
-            // The plugin lists an allocated device after the offered ones of its slice.
-            let listed_as_allocated = |a: &String| {
-                slices.iter().any(|(_, s)| {
-                    s.devices
-                        .iter()
-                        .position(|d| &d.name == a)
-                        .is_some_and(|i| s.devices[i..].iter().all(|d| allocated.contains(&d.name)))
-                })
-            };
-            if allocated.iter().all(listed_as_allocated) {
+            let ordered = slices.iter().all(|(_, s)| {
+                let keys: Vec<_> = s.devices.iter().map(|d| rank(&d.name)).collect();
+                keys.windows(2).all(|w| w[0] <= w[1])
+            });
+            if ordered {
                 return true;
             }
             if Instant::now() >= deadline {

@@ -12,6 +12,7 @@ pub mod grpc_dial;
 pub mod kube_agent;
 pub mod kubelet;
 pub mod pod_resources;
+pub mod racing_scheduler;
 pub mod rbac;
 pub mod rng;
 pub mod scheduler;

@@ -173,13 +173,26 @@ impl Driver {
     /// to a claim, not yet prepared) occupies its placement; a GPU is taken whole when a claim
     /// holds it or processes run on it outside MIG.
     pub fn views(&self, states: &[GpuState], pending: &[DeviceRef]) -> Vec<GpuView> {
+        self.views_of(states, pending, true)
+    }
+
+    /// [`Driver::views`] with only what the pool's claims hold (prepared and `pending` devices):
+    /// no other instance, no processes outside MIG. What the scheduler's counters account.
+    pub fn claimed_views(&self, states: &[GpuState], pending: &[DeviceRef]) -> Vec<GpuView> {
+        self.views_of(states, pending, false)
+    }
+
+    fn views_of(&self, states: &[GpuState], pending: &[DeviceRef], everything: bool) -> Vec<GpuView> {
         let held: Vec<DeviceRef> = self.prepared_devices().into_iter().chain(pending.iter().copied()).collect();
         states
             .iter()
             .map(|s| {
                 let index = s.info.index;
-                let mut occupied: Vec<(u32, Placement)> =
-                    s.instances.iter().map(|i| (i.profile_id, i.placement)).collect();
+                let mut occupied: Vec<(u32, Placement)> = if everything {
+                    s.instances.iter().map(|i| (i.profile_id, i.placement)).collect()
+                } else {
+                    Vec::new()
+                };
                 for d in held.iter().filter(|d| d.gpu == index) {
                     if let DeviceKind::Mig { profile_id, placement } = d.kind {
                         if !occupied.iter().any(|(_, p)| *p == placement) {
@@ -188,7 +201,7 @@ impl Driver {
                     }
                 }
                 let whole = held.iter().any(|d| d.gpu == index && d.kind == DeviceKind::Gpu);
-                let outside_mig = !s.mig_mode.current && !s.processes.is_empty();
+                let outside_mig = everything && !s.mig_mode.current && !s.processes.is_empty();
                 let table = if s.info.mig_capable { s.profiles.clone() } else { ProfileTable::empty() };
                 GpuView { index, table, mig_enabled: s.mig_mode.current, occupied, whole_taken: whole || outside_mig }
             })

@@ -1,8 +1,9 @@
 //! Dynamic Resource Allocation, the pure half of `gpupart agent --dra` (docs/dra.md): what a node
 //! publishes and in which order. The scheduler hands devices out first-fit in publication order,
 //! so the order is gpupart's placement decision ([`order`]); [`devices`] names the devices and
-//! the counters they consume; [`publish`] gives each its attributes; [`slices`] lays them out in
-//! ResourceSlices within the API's limits. [`driver`] prepares and unprepares claims through the
+//! the counters they consume; [`publish`] gives each its attributes and its group; [`slices`] lays
+//! them out in ResourceSlices within the API's limits; [`unavailable`] finds the devices only a
+//! device taint can refuse. [`driver`] prepares and unprepares claims through the
 //! backend, with its [`checkpoint`] and [`cdi`] specs.
 
 pub mod cdi;
@@ -12,6 +13,7 @@ pub mod driver;
 pub mod order;
 pub mod publish;
 pub mod slices;
+pub mod unavailable;
 
 #[cfg(test)]
 mod tests;

@@ -3,10 +3,10 @@
 //! NVIDIA's driver ports by changing the driver name.
 
 use super::devices::{consumption, gpu_counters, Capacities, DeviceKind, DeviceRef};
-use super::slices::{layout, Attribute, Consumption, CounterSet, Device, Quantity, Slice, MAX_DEVICES};
+use super::slices::{layout, Attribute, Consumption, CounterSet, Device, DeviceTaint, Quantity, Slice};
 use crate::mig::{catalog, ProfileTable};
 use crate::observed::{GpuInfo, GpuState};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 /// One GPU as the publisher sees it.
 #[derive(Debug, Clone)]
@@ -113,6 +113,7 @@ pub fn device(gpu: &PublishedGpu, d: DeviceRef) -> Device {
         attributes,
         capacity: [("memory".to_string(), Quantity::of(memory))].into_iter().collect(),
         consumes_counters,
+        taints: Vec::new(),
     }
 }
 
@@ -144,37 +145,82 @@ impl Catalog {
     }
 }
 
-/// The most devices the pool could ever list: every placement of every profile, and each GPU
-/// whole.
-pub fn most_devices(gpus: &[PublishedGpu]) -> usize {
-    gpus.iter().map(|g| 1 + g.table.profiles.iter().map(|p| p.placements.len()).sum::<usize>()).sum()
+/// The device groups of the pool, each listed in its own device slice(s) for good, in the order
+/// the scheduler visits them: one per MIG profile (by name: smallest first, a media-extended
+/// profile after its plain twin), holding that profile's every placement on every GPU that has
+/// it, then the whole GPUs. Each group's devices are in canonical order (GPU, placement).
+pub fn groups(gpus: &[PublishedGpu]) -> Vec<(String, Vec<DeviceRef>)> {
+    // (memory slices, compute slices, media-extended, name) → devices.
+    type Key = (u32, u32, bool, String);
+    let mut by_profile: BTreeMap<Key, Vec<DeviceRef>> = BTreeMap::new();
+    for g in gpus {
+        for p in &g.table.profiles {
+            let name = p.name.to_string();
+            let key = (p.memory_slices, p.slices, name.contains('+'), name);
+            let devices = by_profile.entry(key).or_default();
+            for &placement in &p.placements {
+                devices.push(DeviceRef { gpu: g.info.index, kind: DeviceKind::Mig { profile_id: p.id, placement } });
+            }
+        }
+    }
+    let mut out: Vec<(String, Vec<DeviceRef>)> = by_profile
+        .into_iter()
+        .map(|((_, _, _, name), mut devices)| {
+            devices.sort();
+            (label(&name), devices)
+        })
+        .collect();
+    out.push(("gpu".into(), gpus.iter().map(|g| DeviceRef { gpu: g.info.index, kind: DeviceKind::Gpu }).collect()));
+    out
 }
 
-/// The slices of a pool: `offered` in order, then `allocated`, in as many device slices as the
-/// pool could ever need (so occupancy never changes the set of slices). An allocated device
-/// stays in the device slice `pinned` gives it (the one listing it now), so the scheduler, which
-/// counts an allocated device's counters only while the pool lists it, never misses it while
-/// the slices are rewritten one by one.
+/// `1g.10gb+me` as a slice name part: `mig-1g-10gb-me`.
+fn label(profile: &str) -> String {
+    let part: String =
+        profile.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    format!("mig-{part}")
+}
+
+/// The taint of a device that cannot be created now for a reason its counters do not express.
+pub fn unavailable_taint(driver: &str, why: &str) -> DeviceTaint {
+    DeviceTaint {
+        key: format!("{driver}/unavailable"),
+        value: Some(why.to_string()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
+/// The slices of a pool. Every device the GPUs could ever have is listed, each in its group's
+/// slice for good ([`groups`]), so no device the scheduler may be allocating right now ever
+/// leaves the pool or moves: within a group, the `offered` devices (those that can be created
+/// now) come first in their given order, then the rest in canonical order; the counters refuse
+/// what allocated devices block, and a device in `unavailable` (blocked by what the counters do
+/// not count: another tool's instance, processes) carries a `NoSchedule` taint saying why.
 pub fn content(
     driver: &str,
     node: &str,
     generation: i64,
     gpus: &[PublishedGpu],
     offered: &[DeviceRef],
-    allocated: &[DeviceRef],
-    pinned: &BTreeMap<String, usize>,
+    unavailable: &BTreeMap<DeviceRef, String>,
 ) -> Vec<Slice> {
-    let keep: BTreeMap<String, usize> = allocated
-        .iter()
-        .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| d.name(&g.table)))
-        .filter_map(|n| pinned.get(&n).map(|i| (n, *i)))
+    let rank: HashMap<DeviceRef, usize> = offered.iter().enumerate().map(|(i, d)| (*d, i)).collect();
+    let publish = |d: DeviceRef| {
+        let g = gpus.iter().find(|g| g.info.index == d.gpu)?;
+        let mut dev = device(g, d);
+        if let Some(why) = unavailable.get(&d) {
+            dev.taints.push(unavailable_taint(driver, why));
+        }
+        Some(dev)
+    };
+    let groups = groups(gpus)
+        .into_iter()
+        .map(|(label, mut devices)| {
+            // Offered first in their rank, then the rest as they are (canonical).
+            devices.sort_by_key(|d| rank.get(d).map_or((1, 0), |r| (0, *r)));
+            (label, devices.into_iter().filter_map(publish).collect())
+        })
         .collect();
-    let mut seen = BTreeSet::new();
-    let devices = offered
-        .iter()
-        .chain(allocated)
-        .filter(|d| seen.insert(**d))
-        .filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| device(g, *d)))
-        .collect();
-    layout(driver, node, generation, counter_sets(gpus), devices, most_devices(gpus).div_ceil(MAX_DEVICES), &keep)
+    layout(driver, node, generation, counter_sets(gpus), groups)
 }

@@ -4,8 +4,8 @@
 //!
 //! Since Kubernetes 1.35 a slice holds counter sets or devices, not both; at most 8 counter sets
 //! per slice, and at most 64 devices per slice when devices consume counters. The scheduler reads
-//! a pool's slices sorted by name, so device slices are named `<node>-<driver>-devices-<nnn>` in
-//! publication order and counter slices `<node>-<driver>-counters-<nnn>`.
+//! a pool's slices sorted by name, so device slices are named `<node>-<driver>-devices-<nnn>-<group>`
+//! in publication order and counter slices `<node>-<driver>-counters-<nnn>`.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -109,6 +109,23 @@ pub struct Consumption {
     pub counters: BTreeMap<String, Quantity>,
 }
 
+/// A device taint (`devices[].taints[]`): the scheduler allocates no device with a `NoSchedule`
+/// or `NoExecute` taint that the request does not tolerate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceTaint {
+    /// The key (a qualified name).
+    pub key: String,
+    /// The value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule` or `NoExecute`.
+    pub effect: String,
+    /// When the taint was added (the API server sets it when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_added: Option<String>,
+}
+
 /// One published device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -124,6 +141,9 @@ pub struct Device {
     /// The counters it consumes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumes_counters: Vec<Consumption>,
+    /// Its taints.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<DeviceTaint>,
 }
 
 /// A pool's identity in each of its slices.
@@ -166,46 +186,31 @@ pub struct Slice {
     pub spec: SliceSpec,
 }
 
-/// Lays a pool out in slices: counter sets first (8 per slice), then the devices in order (64 per
-/// slice), padded with empty device slices to at least `device_slices` (and one), every slice
-/// with `generation` and the pool's slice count. Padding to what the pool could ever list keeps
-/// the set of slices the same while the order and the device count change, so a republication
-/// rewrites slices in place and the pool never goes through an incomplete generation. A device
-/// named in `pinned` stays in that device slice (after the slice's other devices) while it has
-/// room, so it never moves between slices.
+/// Lays a pool out in slices: counter sets first (8 per slice), then one or more device slices
+/// per group, in group order. A group is a set of devices that always lives in the same slices
+/// (split in chunks of 64 in the order given), so rewriting the pool never moves a device from
+/// one slice to another: a new order within a group is one write of each of its slices. Every
+/// slice carries `generation` and the pool's slice count; an empty pool still has one slice.
 pub fn layout(
     driver: &str,
     node: &str,
     generation: i64,
     counter_sets: Vec<CounterSet>,
-    devices: Vec<Device>,
-    device_slices: usize,
-    pinned: &BTreeMap<String, usize>,
+    groups: Vec<(String, Vec<Device>)>,
 ) -> Vec<Slice> {
     let counter_chunks: Vec<Vec<CounterSet>> = counter_sets.chunks(MAX_COUNTER_SETS).map(<[_]>::to_vec).collect();
-    let wanted = devices.len().div_ceil(MAX_DEVICES).max(device_slices).max(1);
-    let mut tails: Vec<Vec<Device>> = vec![Vec::new(); wanted];
-    let mut free = Vec::new();
-    for d in devices {
-        match pinned.get(&d.name) {
-            Some(&i) if i < wanted && tails[i].len() < MAX_DEVICES => tails[i].push(d),
-            _ => free.push(d),
+    let mut device_chunks: Vec<(String, Vec<Device>)> = Vec::new();
+    for (label, devices) in groups {
+        let chunks: Vec<&[Device]> = devices.chunks(MAX_DEVICES).collect();
+        let split = chunks.len() > 1;
+        for (k, c) in chunks.into_iter().enumerate() {
+            let label = if split { format!("{label}-{k}") } else { label.clone() };
+            device_chunks.push((label, c.to_vec()));
         }
     }
-    let mut heads: Vec<Vec<Device>> = vec![Vec::new(); wanted];
-    let mut at = 0;
-    for d in free {
-        while at < heads.len() && heads[at].len() + tails[at].len() >= MAX_DEVICES {
-            at += 1;
-        }
-        if at == heads.len() {
-            heads.push(Vec::new());
-            tails.push(Vec::new());
-        }
-        heads[at].push(d);
+    if device_chunks.is_empty() && counter_chunks.is_empty() {
+        device_chunks.push(("none".into(), Vec::new()));
     }
-    let device_chunks: Vec<Vec<Device>> =
-        heads.into_iter().zip(tails).map(|(h, t)| h.into_iter().chain(t).collect()).collect();
     let count = (counter_chunks.len() + device_chunks.len()) as i64;
     let spec = |shared_counters, devices| SliceSpec {
         driver: driver.to_string(),
@@ -218,31 +223,17 @@ pub fn layout(
     for (i, c) in counter_chunks.into_iter().enumerate() {
         out.push(Slice { name: format!("{node}-{driver}-counters-{i:03}"), spec: spec(c, Vec::new()) });
     }
-    for (i, d) in device_chunks.into_iter().enumerate() {
-        out.push(Slice { name: device_slice_name(driver, node, i), spec: spec(Vec::new(), d) });
+    for (i, (label, d)) in device_chunks.into_iter().enumerate() {
+        out.push(Slice { name: device_slice_name(driver, node, i, &label), spec: spec(Vec::new(), d) });
     }
     out
 }
 
-/// What the names of the pool's device slices start with.
-fn device_slice_prefix(driver: &str, node: &str) -> String {
-    format!("{node}-{driver}-devices-")
-}
-
-/// The name of the pool's `index`th device slice.
-pub fn device_slice_name(driver: &str, node: &str, index: usize) -> String {
-    format!("{}{index:03}", device_slice_prefix(driver, node))
-}
-
-/// Where each device of the pool is listed now: device name → index of its device slice, read
-/// from the slices the API holds (slice name → spec).
-pub fn listed_at(driver: &str, node: &str, current: &BTreeMap<String, SliceSpec>) -> BTreeMap<String, usize> {
-    let prefix = device_slice_prefix(driver, node);
-    current
-        .iter()
-        .filter_map(|(name, spec)| Some((name.strip_prefix(&prefix)?.parse::<usize>().ok()?, spec)))
-        .flat_map(|(i, spec)| spec.devices.iter().map(move |d| (d.name.clone(), i)))
-        .collect()
+/// The name of the pool's `index`th device slice, holding the group `label`
+/// (`<node>-<driver>-devices-<nnn>-<label>`): the scheduler visits a pool's slices by name, so
+/// the index keeps the groups in order.
+pub fn device_slice_name(driver: &str, node: &str, index: usize, label: &str) -> String {
+    format!("{node}-{driver}-devices-{index:03}-{label}")
 }
 
 /// The writes that take the pool from `current` (slice name → spec, as the API holds it) to

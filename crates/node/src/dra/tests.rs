@@ -1,6 +1,7 @@
 use super::devices::{consumption, gpu_counters, DeviceKind, DeviceRef};
 use super::order::{order, GpuView};
 use super::slices::{layout, CounterSet, Device, Quantity, SliceSpec, MAX_COUNTER_SETS, MAX_DEVICES};
+use super::unavailable::unavailable;
 use crate::frag::expected_fragmentation;
 use crate::mig::capacity::Occupancy;
 use crate::mig::{catalog, Placement, ProfileTable};
@@ -137,64 +138,78 @@ fn busy_gpus_offer_nothing_that_overlaps_and_no_whole_gpu() {
 }
 
 fn device(name: String) -> Device {
-    Device { name, attributes: BTreeMap::new(), capacity: BTreeMap::new(), consumes_counters: Vec::new() }
+    Device {
+        name,
+        attributes: BTreeMap::new(),
+        capacity: BTreeMap::new(),
+        consumes_counters: Vec::new(),
+        taints: Vec::new(),
+    }
 }
 
 #[test]
 fn slices_respect_the_limits_and_sort_in_publication_order() {
     let sets: Vec<CounterSet> =
         (0..16).map(|i| CounterSet { name: format!("gpu-{i}-counter-set"), counters: BTreeMap::new() }).collect();
-    let devices: Vec<Device> = (0..200).map(|i| device(format!("d{i}"))).collect();
-    let slices = layout("gpu.gpupart.io", "node-a", 3, sets, devices, 0, &BTreeMap::new());
-    assert_eq!(slices.len(), 2 + 4);
+    let group = |label: &str, n: usize| (label.to_string(), (0..n).map(|i| device(format!("{label}-d{i}"))).collect());
+    let slices = layout("gpu.gpupart.io", "node-a", 3, sets, vec![group("mig-1g-10gb", 100), group("gpu", 8)]);
+    assert_eq!(slices.len(), 2 + 2 + 1, "two counter slices, the large group split in two, the small one");
     for s in &slices {
-        assert_eq!((s.spec.pool.generation, s.spec.pool.resource_slice_count), (3, 6));
+        assert_eq!((s.spec.pool.generation, s.spec.pool.resource_slice_count), (3, 5));
         assert!(s.spec.devices.len() <= MAX_DEVICES && s.spec.shared_counters.len() <= MAX_COUNTER_SETS);
         assert!(s.spec.devices.is_empty() || s.spec.shared_counters.is_empty(), "one or the other");
     }
+    let names: Vec<&str> = slices.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "node-a-gpu.gpupart.io-counters-000",
+            "node-a-gpu.gpupart.io-counters-001",
+            "node-a-gpu.gpupart.io-devices-000-mig-1g-10gb-0",
+            "node-a-gpu.gpupart.io-devices-001-mig-1g-10gb-1",
+            "node-a-gpu.gpupart.io-devices-002-gpu"
+        ]
+    );
     let mut by_name: Vec<_> = slices.iter().filter(|s| !s.spec.devices.is_empty()).collect();
     by_name.sort_by(|a, b| a.name.cmp(&b.name));
     let order: Vec<&str> = by_name.iter().flat_map(|s| s.spec.devices.iter().map(|d| d.name.as_str())).collect();
-    let want: Vec<String> = (0..200).map(|i| format!("d{i}")).collect();
-    assert_eq!(order, want.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(
-        layout("d", "n", 1, Vec::new(), Vec::new(), 0, &BTreeMap::new()).len(),
-        1,
-        "an empty pool still has a slice"
-    );
-    let padded =
-        layout("d", "n", 1, Vec::new(), (0..10).map(|i| device(format!("d{i}"))).collect(), 3, &BTreeMap::new());
-    assert_eq!(padded.iter().map(|s| s.spec.devices.len()).collect::<Vec<_>>(), [10, 0, 0], "padded to three");
-    assert!(padded.iter().all(|s| s.spec.pool.resource_slice_count == 3));
+    let want: Vec<String> =
+        (0..100).map(|i| format!("mig-1g-10gb-d{i}")).chain((0..8).map(|i| format!("gpu-d{i}"))).collect();
+    assert_eq!(order, want.iter().map(String::as_str).collect::<Vec<_>>(), "sorted by name, the groups in order");
+    assert_eq!(layout("d", "n", 1, Vec::new(), Vec::new()).len(), 1, "an empty pool still has a slice");
     assert_eq!(Quantity::of(85_899_345_920).as_u64(), Some(85_899_345_920));
     assert_eq!(Quantity { value: "80Gi".into() }.as_u64(), Some(80 << 30));
 }
 
 #[test]
-fn filling_the_node_rewrites_the_same_slices() {
+fn every_device_stays_listed_in_its_slice_whatever_the_occupancy() {
     use super::publish::{content, Catalog};
     use crate::backend::{sim::SimBackend, GpuBackend};
-    let model = "A100-SXM4-80GB";
-    let b = SimBackend::open(Some(&format!("{model}:3")), None).expect("simulator");
-    let gpus = Catalog::default().gpus(&b.observe_all().expect("observe"), "550.54.15");
-    let shape = |views: &[GpuView], allocated: &[DeviceRef]| {
-        let slices = content("d", "n", 1, &gpus, &order(views), allocated, &BTreeMap::new());
-        let devices: usize = slices.iter().map(|s| s.spec.devices.len()).sum();
-        let names: Vec<(String, i64)> =
-            slices.into_iter().map(|s| (s.name, s.spec.pool.resource_slice_count)).collect();
-        (names, devices)
-    };
-    let mut views = idle(model, 3);
-    let (before, listed) = shape(&views, &[]);
-    assert!(listed > MAX_DEVICES, "the idle node needs several device slices: {listed}");
-    let id = table(model).profiles.iter().find(|p| p.name.to_string() == "7g.80gb").expect("7g").id;
-    let mut allocated = Vec::new();
-    for _ in 0..3 {
-        let (gpu, placement) = take(&mut views, "7g.80gb");
-        allocated.push(DeviceRef { gpu, kind: DeviceKind::Mig { profile_id: id, placement } });
-        let (after, listed_now) = shape(&views, &allocated);
-        assert!(listed_now < listed, "fewer devices listed once a GPU is full");
-        assert_eq!(after, before, "the same slices, whatever the occupancy");
+    for (model, n) in [("A100-SXM4-80GB", 3), ("H100-SXM5-80GB", 8), ("H200-SXM-141GB", 8), ("B200-180GB", 8)] {
+        let b = SimBackend::open(Some(&format!("{model}:{n}")), None).expect("simulator");
+        let gpus = Catalog::default().gpus(&b.observe_all().expect("observe"), "550.54.15");
+        let homes = |views: &[GpuView]| {
+            let slices = content("d", "n", 1, &gpus, &order(views), &unavailable(views, views));
+            let mut home: BTreeMap<String, String> = BTreeMap::new();
+            for s in &slices {
+                assert!(s.spec.devices.len() <= MAX_DEVICES, "{model}: {} lists {}", s.name, s.spec.devices.len());
+                for d in &s.spec.devices {
+                    assert!(home.insert(d.name.clone(), s.name.clone()).is_none(), "{model}: {} listed twice", d.name);
+                }
+            }
+            home
+        };
+        let mut views = idle(model, n);
+        let before = homes(&views);
+        let every: usize =
+            gpus.iter().map(|g| 1 + g.table.profiles.iter().map(|p| p.placements.len()).sum::<usize>()).sum();
+        assert_eq!(before.len(), every, "{model}: every placement of every profile and each GPU whole");
+        let profiles: Vec<String> = table(model).profiles.iter().map(|p| p.name.to_string()).collect();
+        assert!(before.values().collect::<std::collections::BTreeSet<_>>().len() <= profiles.len() + 1);
+        for k in 0..n as usize {
+            take(&mut views, &profiles[k % profiles.len()]);
+            assert_eq!(homes(&views), before, "{model}: the same devices in the same slices");
+        }
     }
 }
 
@@ -215,9 +230,10 @@ fn moments(current: &BTreeMap<String, SliceSpec>, plan: &[super::slices::Slice])
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     /// Republishing after every allocation and release, one slice write at a time: no moment
-    /// lists a device twice, and a device allocated before and after is listed at every moment.
+    /// lists a device twice or drops one, no device ever changes slice, and each republication
+    /// writes each slice at most once.
     #[test]
-    fn rewrites_never_list_a_device_twice_nor_drop_an_allocated_one(
+    fn rewrites_never_list_a_device_twice_nor_drop_nor_move_one(
         steps in proptest::collection::vec((0usize..6, any::<bool>(), 0usize..32), 1..24)
     ) {
         use super::publish::{content, Catalog};
@@ -251,13 +267,20 @@ proptest! {
                     }
                 }
             }
-            let next = content("d", "n", 1, &gpus, &order(&views), &held, &super::slices::listed_at("d", "n", &current));
+            let next = content("d", "n", 1, &gpus, &order(&views), &unavailable(&views, &views));
             let plan = write_plan(&current, &next);
+            let mut written: Vec<&str> = plan.iter().map(|s| s.name.as_str()).collect();
+            written.sort_unstable();
+            prop_assert!(written.windows(2).all(|w| w[0] != w[1]), "a slice written twice: {:?}", written);
             let kept: Vec<String> = held
                 .iter()
                 .filter(|d| before.contains(d))
                 .map(|d| d.name(&t))
                 .collect();
+            let home = |m: &BTreeMap<String, Vec<String>>| -> BTreeMap<String, String> {
+                m.iter().flat_map(|(s, ds)| ds.iter().map(move |d| (d.clone(), s.clone()))).collect()
+            };
+            let first = home(&moments(&current, &[])[0]);
             for m in moments(&current, &plan) {
                 let listed: Vec<&String> = m.values().flatten().collect();
                 let mut unique = listed.clone();
@@ -268,6 +291,7 @@ proptest! {
                     for a in &kept {
                         prop_assert!(listed.contains(&a), "allocated {} missing: {:?}", a, m);
                     }
+                    prop_assert_eq!(&home(&m), &first, "a device left its slice or the pool");
                 }
             }
             for w in plan {
@@ -431,4 +455,97 @@ fn the_documented_example_holds() {
     let plain = names.iter().position(|n| n.contains("-1g-10gb-19-")).unwrap();
     let me = names.iter().position(|n| n.contains("-1g-10gb-me-")).unwrap();
     assert!(plain < me, "{names:?}");
+}
+
+/// A set of MIG devices on one GPU: (profile id, placement) each.
+type DeviceSet = [(u32, Placement)];
+
+/// Every set of MIG devices the counters let the scheduler allocate together on one GPU.
+fn counter_sets_accepted(
+    t: &ProfileTable,
+    c: &BTreeMap<String, u64>,
+    options: &[(u32, Placement)],
+    from: usize,
+    used: &mut BTreeMap<String, u64>,
+    chosen: &mut Vec<(u32, Placement)>,
+    visit: &mut dyn FnMut(&DeviceSet),
+) {
+    visit(chosen);
+    for (i, &(id, pl)) in options.iter().enumerate().skip(from) {
+        let want = consumption(DeviceKind::Mig { profile_id: id, placement: pl }, t, c);
+        if want.iter().any(|(k, v)| used.get(k).copied().unwrap_or(0) + v > c[k]) {
+            continue;
+        }
+        for (k, v) in &want {
+            *used.entry(k.clone()).or_default() += v;
+        }
+        chosen.push((id, pl));
+        counter_sets_accepted(t, c, options, i + 1, used, chosen, visit);
+        chosen.pop();
+        for (k, v) in &want {
+            *used.entry(k.clone()).or_default() -= v;
+        }
+    }
+}
+
+/// The counters are exact: every set of devices they let through can be created together, on
+/// every MIG model of the catalog (so a device that cannot be created because of allocated
+/// devices is refused by the counters alone, and may stay listed).
+#[test]
+fn the_counters_refuse_every_set_the_gpu_cannot_hold() {
+    for model in mig_models() {
+        let t = table(model);
+        let c = gpu_counters(&t);
+        let options: Vec<(u32, Placement)> =
+            t.profiles.iter().flat_map(|p| p.placements.iter().map(move |&pl| (p.id, pl))).collect();
+        let mut bad: Vec<Vec<String>> = Vec::new();
+        let mut sets = 0usize;
+        counter_sets_accepted(&t, &c, &options, 0, &mut BTreeMap::new(), &mut Vec::new(), &mut |set| {
+            sets += 1;
+            let mut occ = Occupancy::empty();
+            for &(id, pl) in set {
+                let p = t.by_id(id).expect("profile");
+                if !occ.can_add(&t, p, pl) {
+                    if bad.len() < 5 {
+                        bad.push(
+                            set.iter().map(|(id, pl)| format!("{}@{}", t.by_id(*id).unwrap().name, pl.start)).collect(),
+                        );
+                    }
+                    return;
+                }
+                occ.add(p, pl);
+            }
+        });
+        assert!(bad.is_empty(), "{model}: the counters let through sets it cannot hold ({sets} sets): {bad:?}");
+    }
+}
+
+#[test]
+fn only_what_no_claim_holds_taints_the_devices_it_blocks() {
+    let t = table("A100-SXM4-80GB");
+    let p4 = t.profiles.iter().find(|p| p.name.to_string() == "4g.40gb").unwrap();
+    let p3 = t.profiles.iter().find(|p| p.name.to_string() == "3g.40gb").unwrap();
+    let foreign = (p4.id, Placement::new(0, 4));
+    let claimed = (p3.id, Placement::new(4, 4));
+    let mut everything = idle("A100-SXM4-80GB", 3);
+    everything[0].occupied = vec![foreign, claimed];
+    everything[1].whole_taken = true; // processes outside MIG
+    let mut held = idle("A100-SXM4-80GB", 3);
+    held[0].occupied = vec![claimed];
+    let u = unavailable(&everything, &held);
+    let names: Vec<String> = u.keys().map(|d| d.name(&t)).collect();
+    // On GPU 0 what overlaps the foreign 4g (slices 0-3) and the whole GPU, but nothing the
+    // claimed 3g blocks (its counters do).
+    assert!(names.contains(&"gpu-0-mig-4g-40gb-5-0".to_string()), "{names:?}");
+    assert!(names.contains(&"gpu-0-mig-1g-10gb-19-0".to_string()), "{names:?}");
+    assert!(!names.contains(&"gpu-0".to_string()), "the claimed 3g already refuses the whole GPU: {names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("gpu-0-") && (n.ends_with("-4") || n.ends_with("-6"))), "{names:?}");
+    // GPU 1 busy outside MIG: everything on it; GPU 2 idle: nothing.
+    assert!(names.contains(&"gpu-1".to_string()) && names.contains(&"gpu-1-mig-7g-80gb-0-0".to_string()), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("gpu-2")), "{names:?}");
+    // Without the claim, the whole GPU 0 is blocked by the foreign instance only: tainted.
+    let none = idle("A100-SXM4-80GB", 3);
+    let mut only_foreign = idle("A100-SXM4-80GB", 3);
+    only_foreign[0].occupied = vec![foreign];
+    assert!(unavailable(&only_foreign, &none).contains_key(&DeviceRef { gpu: 0, kind: DeviceKind::Gpu }));
 }

@@ -1,0 +1,57 @@
+//! The devices the counters cannot refuse although they cannot be created now (pure).
+//!
+//! Every device stays listed ([`super::publish::content`]). The scheduler refuses a device whose
+//! counters are taken by allocated (or in-flight) devices, and the counters are exact: every set
+//! of devices they let through fits the GPU (`the_counters_refuse_every_set_the_gpu_cannot_hold`).
+//! What they cannot express is an occupant no claim of the pool holds: another tool's MIG
+//! instance, an instance whose claim is gone but which is still in use, processes on a GPU with
+//! MIG off. A device blocked only by such an occupant gets a `NoSchedule` device taint instead of
+//! leaving the pool.
+
+use super::devices::{DeviceKind, DeviceRef};
+use super::order::GpuView;
+use crate::mig::capacity::Occupancy;
+use std::collections::BTreeMap;
+
+/// Why a device is unavailable although its counters are free: a MIG instance or processes that
+/// no claim of the pool holds.
+pub const OCCUPIED: &str = "occupied-outside-claims";
+
+/// Whether `d` could be created on `g` now.
+fn creatable(g: &GpuView, d: DeviceRef) -> bool {
+    match d.kind {
+        DeviceKind::Gpu => g.idle(),
+        DeviceKind::Mig { profile_id, placement } => {
+            let Some(p) = g.table.by_id(profile_id) else { return false };
+            !g.whole_taken && Occupancy::of(&g.table, g.occupied.iter().copied()).can_add(&g.table, p, placement)
+        }
+    }
+}
+
+/// Every device of the GPUs: each placement of each profile, and each GPU whole.
+pub fn every_device(gpus: &[GpuView]) -> Vec<DeviceRef> {
+    let mut out = Vec::new();
+    for g in gpus {
+        for p in &g.table.profiles {
+            for &placement in &p.placements {
+                out.push(DeviceRef { gpu: g.index, kind: DeviceKind::Mig { profile_id: p.id, placement } });
+            }
+        }
+        out.push(DeviceRef { gpu: g.index, kind: DeviceKind::Gpu });
+    }
+    out
+}
+
+/// The devices that cannot be created given `everything` on the GPUs but could given only what
+/// the pool's claims hold (`claimed`, the same GPUs in the same order), with why.
+pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<DeviceRef, String> {
+    every_device(everything)
+        .into_iter()
+        .filter(|d| {
+            let all = everything.iter().find(|g| g.index == d.gpu);
+            let held = claimed.iter().find(|g| g.index == d.gpu);
+            matches!((all, held), (Some(a), Some(h)) if !creatable(a, *d) && creatable(h, *d))
+        })
+        .map(|d| (d, OCCUPIED.to_string()))
+        .collect()
+}
