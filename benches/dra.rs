@@ -22,8 +22,8 @@ use gpupart::backend::sim::SimBackend;
 use gpupart::backend::GpuBackend;
 use gpupart::dra::devices::{DeviceKind, DeviceRef};
 use gpupart::dra::order::{nvidia_order, order, GpuView};
-use gpupart::dra::publish::{content, Catalog, PublishedGpu};
-use gpupart::dra::slices::{write_plan, SliceSpec};
+use gpupart::dra::publish::{content, names, Catalog, PublishedGpu};
+use gpupart::dra::slices::{keep_unchanged, write_plan, SliceSpec};
 use gpupart::mig::capacity::Occupancy;
 use gpupart::mig::Placement;
 use std::cmp::Reverse;
@@ -181,6 +181,7 @@ impl Node {
     /// writes it takes.
     fn publish(&mut self, offered: &[DeviceRef]) {
         let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &BTreeMap::new());
+        let slices = keep_unchanged(&self.current, slices, &names(&self.gpus, offered));
         self.writes += write_plan(&self.current, &slices).len();
         self.current = slices.iter().map(|s| (s.name.clone(), s.spec.clone())).collect();
         self.allocator.slices = slices.into_iter().map(|s| (s.name, s.spec)).collect();

@@ -484,11 +484,13 @@ fn ten_thousand_claims_in_the_cluster_only_this_pools_count() {
 fn the_claim_watch_counts_an_allocation_before_prepare_and_can_be_off() {
     for watch in [true, false] {
         let extra: &[&str] = if watch { &[] } else { &["--watch-claims=false"] };
-        let rig = DraRig::start_with("A100-SXM4-80GB:1", extra, &[]);
+        let rig = DraRig::start_with("A100-SXM4-80GB:2", extra, &[]);
         rig.kubelet.wait_registered(1);
         rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
-        rig.mig_claim("early", "1g.10gb");
-        rig.schedule("early").unwrap();
+        // A 3g.40gb on GPU 1 (allocated by hand): GPU 1 is then the one to pack, so every small
+        // profile's order changes (GPU 0, the lower index, came first while both were idle).
+        rig.mig_claim("early", "3g.40gb");
+        rig.set_allocation("early", &[("gpu", DRIVER, NODE, "gpu-1-mig-3g-40gb-9-4")]);
         // Allocated, not prepared: with the watch the next publication already counts it.
         let t = std::time::Instant::now();
         assert_eq!(rig.wait_caught_up(), watch, "watch {watch}");

@@ -9,8 +9,8 @@
 use anyhow::Context;
 use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
-use gpupart_node::dra::publish::{content, Catalog, PublishedGpu};
-use gpupart_node::dra::slices::{write_plan, Slice, SliceSpec};
+use gpupart_node::dra::publish::{content, names, Catalog, PublishedGpu};
+use gpupart_node::dra::slices::{keep_unchanged, write_plan, Slice, SliceSpec};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -134,6 +134,8 @@ impl Publisher {
                 s.spec.pool.generation = self.generation;
             }
         }
+        // A slice the scheduler would use as it is now is not written.
+        let slices = keep_unchanged(&self.current, slices, &names(gpus, offered));
         let mut out = Published {
             generation: self.generation,
             devices: slices.iter().map(|s| s.spec.devices.len()).sum(),

@@ -220,15 +220,14 @@ impl DraRig {
         }
     }
 
-    /// The devices listed ahead of every device that cannot be created now, in visiting order:
-    /// what the plugin offers, as far as the allocations tell.
+    /// The listed devices that can be created given the allocations and are not tainted, in
+    /// visiting order: what the scheduler could hand out next, in the order it would.
     pub fn offered(&self) -> Vec<String> {
         let creatable = self.judge(&self.allocated());
-        let mut out = Vec::new();
-        for (_, s) in self.slices() {
-            out.extend(s.devices.iter().take_while(|d| creatable(d)).map(|d| d.name.clone()));
-        }
-        out
+        self.slices()
+            .iter()
+            .flat_map(|(_, s)| s.devices.iter().filter(|d| creatable(d)).map(|d| d.name.clone()))
+            .collect()
     }
 
     /// The publication order the plugin should show now, as a sort key per device name: the GPUs
@@ -277,17 +276,17 @@ impl DraRig {
         }
     }
 
-    /// Waits (up to 3 s) until the publication reflects every allocation: each slice lists its
-    /// devices in the order the node's GPUs and allocations call for (what can be created now
-    /// first, ranked; then the rest).
+    /// Waits (up to 3 s) until the publication reflects every allocation: each slice lists the
+    /// devices that can be created now in the order the node's GPUs and allocations call for
+    /// (the others may sit anywhere among them: the scheduler skips them).
     pub fn wait_caught_up(&self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
             let rank = self.expected_rank();
             let slices = self.slices();
             let ordered = slices.iter().all(|(_, s)| {
-                let keys: Vec<_> = s.devices.iter().map(|d| rank(&d.name)).collect();
-                keys.windows(2).all(|w| w[0] <= w[1])
+                let keys: Vec<usize> = s.devices.iter().map(|d| rank(&d.name).0).filter(|r| *r != usize::MAX).collect();
+                keys.windows(2).all(|w| w[0] < w[1])
             });
             if ordered {
                 return true;

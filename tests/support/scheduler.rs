@@ -341,21 +341,22 @@ fn affinity_matches(pod: &Value, labels: &Value) -> bool {
         &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
     let Some(terms) = terms.as_array() else { return true };
     terms.iter().any(|term| {
-        term["matchExpressions"].as_array().is_some_and(|exprs| {
-            exprs.iter().all(|e| {
-                let have = labels[e["key"].as_str().unwrap_or("")].as_str();
-                let values: Vec<&str> =
-                    e["values"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
-                match e["operator"].as_str().unwrap_or("") {
-                    "In" => have.is_some_and(|h| values.contains(&h)),
-                    "NotIn" => have.is_none_or(|h| !values.contains(&h)),
-                    "Exists" => have.is_some(),
-                    "DoesNotExist" => have.is_none(),
-                    _ => false,
-                }
-            })
-        })
+        term["matchExpressions"].as_array().is_some_and(|exprs| exprs.iter().all(|e| requirement_holds(e, labels)))
     })
+}
+
+/// One `{key, operator, values}` requirement (In / NotIn / Exists / DoesNotExist) against labels,
+/// as node selector terms and label selectors both read it.
+fn requirement_holds(e: &Value, labels: &Value) -> bool {
+    let have = labels[e["key"].as_str().unwrap_or("")].as_str();
+    let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    match e["operator"].as_str().unwrap_or("") {
+        "In" => have.is_some_and(|h| values.contains(&h)),
+        "NotIn" => have.is_none_or(|h| !values.contains(&h)),
+        "Exists" => have.is_some(),
+        "DoesNotExist" => have.is_none(),
+        _ => false,
+    }
 }
 
 /// The pod's required terms of `kind` (`podAffinity`, `podAntiAffinity`).
@@ -376,18 +377,7 @@ fn selects(selector: &Value, labels: &Value) -> bool {
         return false;
     }
     let plain = selector["matchLabels"].as_object().into_iter().flatten().all(|(k, v)| labels[k] == *v);
-    let exprs = selector["matchExpressions"].as_array().into_iter().flatten().all(|e| {
-        let have = labels[e["key"].as_str().unwrap_or("")].as_str();
-        let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-        match e["operator"].as_str().unwrap_or("") {
-            "In" => have.is_some_and(|h| values.contains(&h)),
-            "NotIn" => have.is_none_or(|h| !values.contains(&h)),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            _ => false,
-        }
-    });
-    plain && exprs
+    plain && selector["matchExpressions"].as_array().into_iter().flatten().all(|e| requirement_holds(e, labels))
 }
 
 /// Whether the term of a pod in `owner_ns` matches `pod`: its namespaces (none and no selector:

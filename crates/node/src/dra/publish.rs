@@ -174,6 +174,11 @@ pub fn groups(gpus: &[PublishedGpu]) -> Vec<(String, Vec<DeviceRef>)> {
     out
 }
 
+/// The published names of `devices`.
+pub fn names(gpus: &[PublishedGpu], devices: &[DeviceRef]) -> std::collections::BTreeSet<String> {
+    devices.iter().filter_map(|d| gpus.iter().find(|g| g.info.index == d.gpu).map(|g| d.name(&g.table))).collect()
+}
+
 /// `1g.10gb+me` as a slice name part: `mig-1g-10gb-me`.
 fn label(profile: &str) -> String {
     let part: String =

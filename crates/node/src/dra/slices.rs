@@ -8,7 +8,7 @@
 //! in publication order and counter slices `<node>-<driver>-counters-<nnn>`.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Counter sets per slice.
 pub const MAX_COUNTER_SETS: usize = 8;
@@ -234,6 +234,37 @@ pub fn layout(
 /// the index keeps the groups in order.
 pub fn device_slice_name(driver: &str, node: &str, index: usize, label: &str) -> String {
     format!("{node}-{driver}-devices-{index:03}-{label}")
+}
+
+/// `next` with every slice whose content the scheduler would use the same way as what the API
+/// holds (`current`) replaced by that content, so it is not written: the same pool fields, the
+/// same devices with the same attributes, counters and taints, and the devices that can be
+/// created now (`offered`) in the same order. Where the others sit among them does not matter:
+/// the scheduler skips them (their counters are taken, or they are tainted), so a slice whose
+/// offered devices keep their order needs no write.
+pub fn keep_unchanged(
+    current: &BTreeMap<String, SliceSpec>,
+    next: Vec<Slice>,
+    offered: &BTreeSet<String>,
+) -> Vec<Slice> {
+    let same_use = |cur: &SliceSpec, new: &SliceSpec| {
+        let by_name = |s: &SliceSpec| s.devices.iter().map(|d| (d.name.clone(), d.clone())).collect::<BTreeMap<_, _>>();
+        let order = |s: &SliceSpec| {
+            s.devices.iter().filter(|d| offered.contains(&d.name)).map(|d| d.name.clone()).collect::<Vec<_>>()
+        };
+        cur.driver == new.driver
+            && cur.pool == new.pool
+            && cur.node_name == new.node_name
+            && cur.shared_counters == new.shared_counters
+            && by_name(cur) == by_name(new)
+            && order(cur) == order(new)
+    };
+    next.into_iter()
+        .map(|s| match current.get(&s.name) {
+            Some(cur) if cur != &s.spec && same_use(cur, &s.spec) => Slice { name: s.name, spec: cur.clone() },
+            _ => s,
+        })
+        .collect()
 }
 
 /// The writes that take the pool from `current` (slice name → spec, as the API holds it) to
