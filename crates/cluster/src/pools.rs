@@ -211,6 +211,28 @@ impl Pools {
     }
 }
 
+impl Pools {
+    /// The labels and taints of a node once the controller returns it: the labels it recorded
+    /// when it dedicated the node put back (`recorded`: key → earlier value, `None` for absent;
+    /// nothing recorded: the shared pool's value), the dedicated taint gone.
+    pub fn once_returned(
+        &self,
+        labels: &BTreeMap<String, String>,
+        taints: &[Taint],
+        recorded: Option<&BTreeMap<String, Option<String>>>,
+    ) -> (BTreeMap<String, String>, Vec<Taint>) {
+        let mut l = labels.clone();
+        let fallback = BTreeMap::from([(self.label.clone(), Some(self.shared.clone()))]);
+        for (k, v) in recorded.unwrap_or(&fallback) {
+            match v {
+                Some(v) => l.insert(k.clone(), v.clone()),
+                None => l.remove(k),
+            };
+        }
+        (l, taints.iter().filter(|t| !self.taint.is(t)).cloned().collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +281,10 @@ mod tests {
         assert!(!p.taint.tolerated_by(&[wrong]));
         let any: Toleration = serde_json::from_value(serde_json::json!({"operator": "Exists"})).unwrap();
         assert!(p.taint.tolerated_by(&[any]));
+        // Returned: as recorded, or to the shared pool when nothing was recorded.
+        let recorded = BTreeMap::from([("gpu-pool".to_string(), None)]);
+        let (back, bt) = p.once_returned(&l, &t, Some(&recorded));
+        assert!(!back.contains_key("gpu-pool") && bt == vec![other.clone()]);
+        assert_eq!(p.once_returned(&l, &t, None).0["gpu-pool"], "shared");
     }
 }

@@ -770,12 +770,23 @@ fn lands_once_dedicated(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &P
     blocked_with(p, node, &labels, &taints, placed, pools).is_none()
 }
 
-/// Why `p` could not land on `node` apart from its GPUs, as it is and (for a tensor-parallel pod
-/// and a node the controller may dedicate) once dedicated; `None` when either way it could.
+/// Why `p` could not land on `node` apart from its GPUs, as it is and as the controller may make
+/// it: once dedicated (a tensor-parallel pod, a node not dedicated) or once returned (another
+/// pod, a node the controller dedicated); `None` when some way it could.
 fn blocked_on(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> Option<String> {
     let why = blocked_with(p, node, &node.labels, &node.taints, placed, pools)?;
     let dedicable = p.is_tensor_parallel() && !node.is_dedicated(pools);
-    (!(dedicable && lands_once_dedicated(p, node, placed, pools))).then_some(why)
+    if dedicable && lands_once_dedicated(p, node, placed, pools) {
+        return None;
+    }
+    if !p.is_tensor_parallel() && node.dedicated_by_controller(pools) {
+        let recorded = node.reclaim_labels();
+        let (labels, taints) = pools.once_returned(&node.labels, &node.taints, recorded.as_ref());
+        if blocked_with(p, node, &labels, &taints, placed, pools).is_none() {
+            return None;
+        }
+    }
+    Some(why)
 }
 
 /// Why a waiting pod is not served this batch: the kind of reason (stable from batch to batch

@@ -416,6 +416,24 @@ mod pools_as_written {
     }
 
     #[test]
+    fn a_node_the_controller_returns_is_judged_as_it_will_be_once_returned() {
+        // gpu-d was a shared node the controller dedicated; a small pod of the shared pool waits.
+        let mut nodes = cluster();
+        nodes[0].annotations.insert(RECLAIM_LAYOUT.into(), "all-3g.40gb".into());
+        nodes[0].annotations.insert(super::super::nodes::RECLAIM_LABELS.into(), r#"{"gpu-pool":"shared"}"#.into());
+        let mut small = pod("small-9", mig("3g.40gb"), 1, 5);
+        small.constraints.node_selector = BTreeMap::from([(POOL_LABEL.to_string(), "shared".to_string())]);
+        let only_d = vec![nodes[0].clone()];
+        let out = run(&only_d, &[small.clone()], &Options::default());
+        assert_ne!(out.not_served[0].kind, "blocked", "it lands there once returned: {:?}", out.not_served);
+        // A node dedicated by hand is never returned: there the pod is blocked.
+        let mut by_hand = nodes[0].clone();
+        by_hand.annotations.clear();
+        let out = run(&[by_hand], &[small], &Options::default());
+        assert_eq!(out.not_served[0].kind, "blocked", "{:?}", out.not_served);
+    }
+
+    #[test]
     fn pool_names_come_from_the_options() {
         let pools = Pools::new("tier", "small", "large", "tier-large=yes:NoSchedule").unwrap();
         let mut nodes = cluster();
