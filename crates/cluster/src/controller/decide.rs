@@ -782,9 +782,8 @@ fn blocked_on(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> O
     if !p.is_tensor_parallel() && node.dedicated_by_controller(pools) {
         let recorded = node.reclaim_labels();
         let (labels, taints) = pools.once_returned(&node.labels, &node.taints, recorded.as_ref());
-        if blocked_with(p, node, &labels, &taints, placed, pools).is_none() {
-            return None;
-        }
+        // Landing there once returned: not blocked.
+        blocked_with(p, node, &labels, &taints, placed, pools)?;
     }
     Some(why)
 }
