@@ -128,6 +128,49 @@ pub struct Placed<'a> {
     pub node_labels: &'a BTreeMap<String, String>,
 }
 
+/// The pods on nodes, kept apart as the filter reads them: a pod without terms of its own is
+/// judged only against the placed pods with anti-affinity terms (usually few), so most checks do
+/// not walk every pod of the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Placements<'a> {
+    all: Vec<Placed<'a>>,
+    anti: Vec<Placed<'a>>,
+}
+
+impl<'a> Placements<'a> {
+    /// Adds a placed pod.
+    pub fn push(&mut self, p: Placed<'a>) {
+        if !p.pod.terms.anti.is_empty() {
+            self.anti.push(p);
+        }
+        self.all.push(p);
+    }
+
+    /// Whether no placed pod has an anti-affinity term.
+    pub fn no_anti(&self) -> bool {
+        self.anti.is_empty()
+    }
+
+    /// The placed pods that can matter to `pod`.
+    pub fn for_pod(&self, pod: PodView<'_>) -> &[Placed<'a>] {
+        if pod.terms.is_empty() {
+            &self.anti
+        } else {
+            &self.all
+        }
+    }
+}
+
+impl<'a> FromIterator<Placed<'a>> for Placements<'a> {
+    fn from_iter<I: IntoIterator<Item = Placed<'a>>>(iter: I) -> Self {
+        let mut out = Placements::default();
+        for p in iter {
+            out.push(p);
+        }
+        out
+    }
+}
+
 /// Why `pod` may not land on a node with `node_labels` given the `placed` pods, in the
 /// scheduler's words; `None` when it may.
 pub fn blocked(pod: PodView<'_>, node_labels: &BTreeMap<String, String>, placed: &[Placed<'_>]) -> Option<String> {

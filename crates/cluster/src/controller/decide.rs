@@ -3,7 +3,7 @@
 //! (never a busy one), then fragmentation afterwards; which idle nodes become dedicated for
 //! tensor-parallel pods and which dedicated nodes go back; and, for every pod left waiting, why.
 
-use super::affinity::Placed;
+use super::affinity::{Placed, Placements};
 use super::capacity::{layout_specs, ledger, schedule, served_in_order, NodeLedger};
 use super::gpu_options::{observed_spec, options, Counts, GpuOption};
 use super::nodes::{GpuNode, Phase, RECLAIM_LAYOUT};
@@ -438,32 +438,34 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     // The GPU pods bound to nodes, as the inter-pod affinity filter sees them.
     let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
         world.nodes.iter().map(|n| (n.name.as_str(), &n.labels)).collect();
-    let bound: Vec<Placed> = world
+    let bound: Placements = world
         .pods
         .iter()
         .filter_map(|p| Some(Placed { pod: p.view(), node_labels: labels_of.get(p.node()?)? }))
         .collect();
-    let bound_anti = bound.iter().any(|q| !q.pod.terms.anti.is_empty());
+    let waiting_anti = world.pods.iter().any(|q| q.node().is_none() && !q.constraints.terms.anti.is_empty());
     let (unmet_all, assigned) = schedule(&mut ledgers, &dedicated, &usable, world.pods, |p, i, sim| {
         let node = cands[i].node;
         if fit_blocked(p, node, &node.labels, &node.taints, pools).is_some() {
             return false;
         }
         // Inter-pod terms matter only where some pod has them (most have none).
-        if p.constraints.terms.is_empty() && !bound_anti && sim.iter().all(|(q, _)| q.constraints.terms.anti.is_empty())
-        {
+        if p.constraints.terms.is_empty() && bound.no_anti() && !waiting_anti {
             return true;
         }
-        let mut placed = bound.clone();
-        placed.extend(sim.iter().map(|(q, j)| Placed { pod: q.view(), node_labels: &cands[*j].node.labels }));
+        let mut placed = bound.for_pod(p.view()).to_vec();
+        placed.extend(
+            sim.iter()
+                .filter(|(q, _)| !p.constraints.terms.is_empty() || !q.constraints.terms.anti.is_empty())
+                .map(|(q, j)| Placed { pod: q.view(), node_labels: &cands[*j].node.labels }),
+        );
         super::affinity::blocked(p.view(), &node.labels, &placed).is_none()
     });
     // Bound pods and those the scheduler will place: what the nodes hold once it has.
-    let placed: Vec<Placed> = bound
-        .iter()
-        .copied()
-        .chain(assigned.iter().map(|(q, j)| Placed { pod: q.view(), node_labels: &cands[*j].node.labels }))
-        .collect();
+    let mut placed = bound.clone();
+    for (q, j) in &assigned {
+        placed.push(Placed { pod: q.view(), node_labels: &cands[*j].node.labels });
+    }
     for (c, l) in cands.iter_mut().zip(&ledgers) {
         c.ledger = l.clone();
     }
@@ -683,7 +685,7 @@ fn keep(spec: GpuSpec) -> GpuOption {
 /// (or reserved) node with nothing in use and no pod bound or about to be. Each pod is judged
 /// against the node as it will be once dedicated (the pool label and the taint set), in the
 /// scheduler's order, beside the pods `placed` in the cluster and those served before it.
-fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &[Placed], pools: &Pools) -> Option<Decision> {
+fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools) -> Option<Decision> {
     let open = !c.node.is_dedicated(pools) || is_reserved(c, pools);
     if !open || !c.ledger.pods.is_empty() || c.ledger.assigned.values().any(|n| *n > 0) {
         return None;
@@ -700,8 +702,10 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &[Placed], pools: &Pools) 
         if p.count > left {
             continue;
         }
-        let mut beside = placed.to_vec();
-        beside.extend(served.iter().map(|q| Placed { pod: q.view(), node_labels: &c.node.labels }));
+        let mut beside = placed.clone();
+        for q in &served {
+            beside.push(Placed { pod: q.view(), node_labels: &c.node.labels });
+        }
         if blocked_with(p, c.node, &labels, &taints, &beside, pools).is_none() {
             left -= p.count;
             served.push(p);
@@ -753,19 +757,20 @@ fn blocked_with(
     node: &GpuNode,
     labels: &BTreeMap<String, String>,
     taints: &[Taint],
-    placed: &[Placed],
+    placed: &Placements,
     pools: &Pools,
 ) -> Option<String> {
-    fit_blocked(p, node, labels, taints, pools).or_else(|| super::affinity::blocked(p.view(), labels, placed))
+    fit_blocked(p, node, labels, taints, pools)
+        .or_else(|| super::affinity::blocked(p.view(), labels, placed.for_pod(p.view())))
 }
 
 /// Whether `p` could land on `node` as it is, apart from its GPUs.
-fn lands(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> bool {
+fn lands(p: &GpuPod, node: &GpuNode, placed: &Placements, pools: &Pools) -> bool {
     blocked_with(p, node, &node.labels, &node.taints, placed, pools).is_none()
 }
 
 /// Whether `p` could land on `node` once the controller dedicated it.
-fn lands_once_dedicated(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> bool {
+fn lands_once_dedicated(p: &GpuPod, node: &GpuNode, placed: &Placements, pools: &Pools) -> bool {
     let (labels, taints) = pools.once_dedicated(&node.labels, &node.taints);
     blocked_with(p, node, &labels, &taints, placed, pools).is_none()
 }
@@ -773,7 +778,7 @@ fn lands_once_dedicated(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &P
 /// Why `p` could not land on `node` apart from its GPUs, as it is and as the controller may make
 /// it: once dedicated (a tensor-parallel pod, a node not dedicated) or once returned (another
 /// pod, a node the controller dedicated); `None` when some way it could.
-fn blocked_on(p: &GpuPod, node: &GpuNode, placed: &[Placed], pools: &Pools) -> Option<String> {
+fn blocked_on(p: &GpuPod, node: &GpuNode, placed: &Placements, pools: &Pools) -> Option<String> {
     let why = blocked_with(p, node, &node.labels, &node.taints, placed, pools)?;
     let dedicable = p.is_tensor_parallel() && !node.is_dedicated(pools);
     if dedicable && lands_once_dedicated(p, node, placed, pools) {
@@ -796,7 +801,7 @@ fn why_not(
     changeable: &[usize],
     taken: &BTreeSet<usize>,
     reconfiguring: usize,
-    placed: &[Placed],
+    placed: &Placements,
     opts: &Options,
 ) -> (&'static str, String) {
     let need = what(p);
