@@ -112,6 +112,14 @@ pub fn kubelet_messages(data: &[u8]) {
     }
 }
 
+/// What a kubelet's gRPC client sends on a plugin socket (the HTTP/2 frames after the preface),
+/// through the relay that accepts any `:authority`.
+pub fn kubelet_frames(data: &[u8]) {
+    let mut stream = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    stream.extend_from_slice(data);
+    let _ = crate::kubelet::authority::relay_bytes(&stream);
+}
+
 /// A fuzz target's entry point.
 pub type Target = fn(&[u8]);
 
@@ -162,6 +170,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("sim_state", sim_state),
     ("paused_annotation", paused_annotation),
     ("kubelet_messages", kubelet_messages),
+    ("kubelet_frames", kubelet_frames),
     ("plan_input", plan_input),
     ("plan_current", plan_current),
 ];

@@ -25,6 +25,9 @@ const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// The largest frame every HTTP/2 peer accepts (SETTINGS_MAX_FRAME_SIZE's floor).
 const MAX_FRAME: usize = 16_384;
+/// The largest header block relayed (CONTINUATION frames included); h2 itself refuses header
+/// lists far smaller.
+const MAX_BLOCK: usize = 256 * 1024;
 /// What replaces an authority the server would refuse.
 pub const UNIX_AUTHORITY: &str = "localhost";
 
@@ -145,6 +148,14 @@ pub fn accepted_authority(headers: &mut [(Vec<u8>, Vec<u8>)]) -> bool {
     replaced
 }
 
+/// What the server receives for a client that sent `client` (the preface and frames), relayed as
+/// [`incoming`] relays a connection; for tests and the fuzz target.
+pub fn relay_bytes(client: &[u8]) -> Result<Vec<u8>, RelayError> {
+    let mut out = Vec::new();
+    futures::executor::block_on(forward_requests(client, &mut out))?;
+    Ok(out)
+}
+
 /// Relays the client's frames to the server, decoding and re-encoding every header block.
 async fn forward_requests<R, W>(mut from: R, to: &mut W) -> Result<(), RelayError>
 where
@@ -179,6 +190,9 @@ where
                 return Err(RelayError::Protocol { stream, what: "a header block not continued by CONTINUATION" });
             }
             block.extend_from_slice(&next.payload);
+            if block.len() > MAX_BLOCK {
+                return Err(RelayError::Protocol { stream, what: "a header block larger than 256 KiB" });
+            }
             end_headers = next.flags & END_HEADERS != 0;
         }
         let mut headers = decoder.decode(&block).map_err(|e| RelayError::Hpack { stream, reason: e.to_string() })?;
@@ -221,6 +235,61 @@ mod tests {
             assert_eq!(h[0].1, want.as_bytes(), "{sent:?}");
             assert_eq!(h[1].1, b"/a/b", "{sent:?}: other headers untouched");
         }
+    }
+
+    /// A client's preface, SETTINGS, a HEADERS split over a CONTINUATION, and DATA.
+    fn client_stream(authority: &str) -> Vec<u8> {
+        let block = loona_hpack::Encoder::new().encode(
+            [
+                (&b":method"[..], &b"POST"[..]),
+                (b":scheme", b"http"),
+                (b":path", b"/pluginregistration.Registration/GetInfo"),
+                (b":authority", authority.as_bytes()),
+                (b"content-type", b"application/grpc"),
+            ]
+            .into_iter(),
+        );
+        let (a, b) = block.split_at(block.len() / 2);
+        let mut out = PREFACE.to_vec();
+        put_frame(&mut out, 0x4, 0, 0, &[]);
+        put_frame(&mut out, HEADERS, 0, 1, a);
+        put_frame(&mut out, CONTINUATION, END_HEADERS, 1, b);
+        put_frame(&mut out, 0x0, END_STREAM, 1, &[0, 0, 0, 0, 0]);
+        out
+    }
+
+    /// The frames of a relayed stream after the preface, as (kind, flags, stream, payload).
+    fn frames(mut bytes: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
+        bytes = &bytes[PREFACE.len()..];
+        let mut out = Vec::new();
+        while bytes.len() >= 9 {
+            let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+            let stream = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]);
+            out.push((bytes[3], bytes[4], stream, bytes[9..9 + len].to_vec()));
+            bytes = &bytes[9 + len..];
+        }
+        out
+    }
+
+    #[test]
+    fn a_socket_path_authority_reaches_the_server_as_localhost_and_the_rest_unchanged() {
+        let relayed = relay_bytes(&client_stream("/var/lib/kubelet/plugins_registry/gpu.gpupart.io-reg.sock")).unwrap();
+        let f = frames(&relayed);
+        let kinds: Vec<(u8, u8)> = f.iter().map(|(k, fl, _, _)| (*k, *fl)).collect();
+        assert_eq!(kinds, [(0x4, 0), (HEADERS, END_HEADERS), (0x0, END_STREAM)], "one HEADERS, the others as sent");
+        let headers = loona_hpack::Decoder::new().decode(&f[1].3).unwrap();
+        let get = |k: &[u8]| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get(b":authority").as_deref(), Some(&b"localhost"[..]));
+        assert_eq!(get(b":path").as_deref(), Some(&b"/pluginregistration.Registration/GetInfo"[..]));
+        assert_eq!(f[2].3, [0, 0, 0, 0, 0]);
+        // A valid authority passes as it is.
+        let kept = frames(&relay_bytes(&client_stream("localhost")).unwrap());
+        let headers = loona_hpack::Decoder::new().decode(&kept[1].3).unwrap();
+        assert!(headers.iter().any(|(n, v)| n == b":authority" && v == b"localhost"));
+        // A header block that does not decode ends the connection with a reason.
+        let mut bad = PREFACE.to_vec();
+        put_frame(&mut bad, HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff]);
+        assert!(relay_bytes(&bad).unwrap_err().to_string().contains("stream 1: header block does not decode"));
     }
 
     #[test]
