@@ -239,16 +239,13 @@ mod tests {
 
     /// A client's preface, SETTINGS, a HEADERS split over a CONTINUATION, and DATA.
     fn client_stream(authority: &str) -> Vec<u8> {
-        let block = loona_hpack::Encoder::new().encode(
-            [
-                (&b":method"[..], &b"POST"[..]),
-                (b":scheme", b"http"),
-                (b":path", b"/pluginregistration.Registration/GetInfo"),
-                (b":authority", authority.as_bytes()),
-                (b"content-type", b"application/grpc"),
-            ]
-            .into_iter(),
-        );
+        let block = loona_hpack::Encoder::new().encode([
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/pluginregistration.Registration/GetInfo"),
+            (b":authority", authority.as_bytes()),
+            (b"content-type", b"application/grpc"),
+        ]);
         let (a, b) = block.split_at(block.len() / 2);
         let mut out = PREFACE.to_vec();
         put_frame(&mut out, 0x4, 0, 0, &[]);
