@@ -147,14 +147,34 @@ fn a_busy_device_is_not_unprepared_until_its_process_ends() {
     let e = rig.unprepare("big");
     assert!(e.contains("ml/big") && e.contains("4321"), "{e}");
     assert_eq!(rig.node.load().gpus[0].gpu_instances.len(), 1, "never destroyed while busy");
+    // The claim is deallocated while its instance is still in use: the scheduler no longer counts
+    // it, so what it blocks is tainted until it goes.
+    let placement = rig.node.load().gpus[0].gpu_instances[0].placement;
+    rig.delete_claim("big");
+    let tainted = |s: &[(String, gpupart::dra::slices::SliceSpec)]| -> Vec<String> {
+        s.iter().flat_map(|(_, x)| x.devices.iter()).filter(|d| !d.taints.is_empty()).map(|d| d.name.clone()).collect()
+    };
+    let blocked = |s: &[(String, gpupart::dra::slices::SliceSpec)]| -> Vec<String> {
+        s.iter()
+            .flat_map(|(_, x)| x.devices.iter())
+            .filter(|d| {
+                let start = d.attributes.get("placementStart").and_then(|a| a.int).unwrap_or(0) as u32;
+                let size = d.attributes.get("placementSize").and_then(|a| a.int).unwrap_or(8) as u32;
+                gpupart::mig::Placement::new(start, size).overlaps(placement)
+            })
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    let slices = rig.wait_slices("what the busy instance blocks tainted, and only that", |s| tainted(s) == blocked(s));
+    assert!(tainted(&slices).len() > 5, "{:?}", tainted(&slices));
     let mut s = rig.node.load();
     s.gpus[0].gpu_instances[0].compute_instances[0].processes.clear();
     rig.node.save(&s);
     assert_eq!(rig.unprepare("big"), "");
     assert!(rig.node.load().gpus[0].gpu_instances.is_empty());
     assert!(!rig.path("cdi").join("k8s.gpu.gpupart.io-claim_uid-big.json").exists());
+    rig.wait_slices("no taint once it went", |s| tainted(s).is_empty());
     // Idempotent, and fine when the claim is gone from the API.
-    rig.delete_claim("big");
     assert_eq!(rig.unprepare("big"), "");
 }
 

@@ -114,6 +114,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             driver_name: a.driver_name.clone(),
             node: node.clone(),
             held: Arc::default(),
+            watching: a.watch_claims,
             republish: Arc::default(),
             metrics: metrics.clone(),
             events: events::ClaimEvents::new(client.clone(), &node),

@@ -32,6 +32,8 @@ pub struct DraNode {
     pub node: String,
     /// Devices allocated to claims (from the watch).
     pub held: Held,
+    /// Whether the claim watch runs (then `held` is what the scheduler counts).
+    pub watching: bool,
     /// Wakes the publisher.
     pub republish: Arc<Notify>,
     /// Metrics.
@@ -157,7 +159,16 @@ pub async fn publish_loop(
                 .collect();
             let views = d.views(&states, &pending);
             let offered = order(&views);
-            let unavailable = unavailable(&views, &d.claimed_views(&states, &pending));
+            // What the scheduler's counters account: every device of the claims allocated from
+            // the pool (the watch's view); without the watch, what the checkpoint holds. An
+            // instance of a claim that is gone but still in use is then no claim's, and the
+            // devices it blocks are tainted.
+            let claimed: Vec<DeviceRef> = if me.watching {
+                held.values().flatten().filter_map(|n| DeviceRef::parse(n, tables)).collect()
+            } else {
+                d.prepared_devices().into_iter().chain(pending.iter().copied()).collect()
+            };
+            let unavailable = unavailable(&views, &d.claimed_views(&states, &claimed));
             let prepared = d.checkpoint().claims.len();
             Ok::<_, gpupart_node::backend::BackendError>((states, offered, unavailable, prepared))
         })

@@ -173,17 +173,20 @@ impl Driver {
     /// to a claim, not yet prepared) occupies its placement; a GPU is taken whole when a claim
     /// holds it or processes run on it outside MIG.
     pub fn views(&self, states: &[GpuState], pending: &[DeviceRef]) -> Vec<GpuView> {
-        self.views_of(states, pending, true)
-    }
-
-    /// [`Driver::views`] with only what the pool's claims hold (prepared and `pending` devices):
-    /// no other instance, no processes outside MIG. What the scheduler's counters account.
-    pub fn claimed_views(&self, states: &[GpuState], pending: &[DeviceRef]) -> Vec<GpuView> {
-        self.views_of(states, pending, false)
-    }
-
-    fn views_of(&self, states: &[GpuState], pending: &[DeviceRef], everything: bool) -> Vec<GpuView> {
         let held: Vec<DeviceRef> = self.prepared_devices().into_iter().chain(pending.iter().copied()).collect();
+        Self::views_of(states, &held, true)
+    }
+
+    /// The GPUs with only the `claimed` devices on them (what the scheduler's counters account:
+    /// the devices of the claims allocated from the pool): no other instance, no processes
+    /// outside MIG.
+    pub fn claimed_views(&self, states: &[GpuState], claimed: &[DeviceRef]) -> Vec<GpuView> {
+        Self::views_of(states, claimed, false)
+    }
+
+    /// The GPUs with `held` devices occupying their placements, and (`everything`) every
+    /// instance and the processes outside MIG too.
+    fn views_of(states: &[GpuState], held: &[DeviceRef], everything: bool) -> Vec<GpuView> {
         states
             .iter()
             .map(|s| {
