@@ -198,13 +198,7 @@ impl DraRig {
     /// them alone and is not tainted, i.e. what the plugin should list first in its slice.
     fn judge(&self, allocated: &[String]) -> impl Fn(&gpupart::dra::slices::Device) -> bool {
         use gpupart::dra::devices::{DeviceKind, DeviceRef};
-        let tables: std::collections::BTreeMap<u32, gpupart::mig::ProfileTable> = self
-            .node
-            .load()
-            .gpus
-            .iter()
-            .filter_map(|g| Some((g.index, gpupart::mig::catalog::lookup(&g.model)?.profile_table())))
-            .collect();
+        let tables = tables_of(&self.node.load());
         let taken: Vec<DeviceRef> = allocated.iter().filter_map(|a| DeviceRef::parse(a, |g| tables.get(&g))).collect();
         move |d| {
             let Some(me) = DeviceRef::parse(&d.name, |g| tables.get(&g)) else { return false };
@@ -238,11 +232,7 @@ impl DraRig {
         use gpupart::dra::devices::{DeviceKind, DeviceRef};
         use gpupart::dra::order::{order, GpuView};
         let state = self.node.load();
-        let tables: std::collections::BTreeMap<u32, gpupart::mig::ProfileTable> = state
-            .gpus
-            .iter()
-            .filter_map(|g| Some((g.index, gpupart::mig::catalog::lookup(&g.model)?.profile_table())))
-            .collect();
+        let tables = tables_of(&state);
         let allocated: Vec<DeviceRef> =
             self.allocated().iter().filter_map(|a| DeviceRef::parse(a, |g| tables.get(&g))).collect();
         let views: Vec<GpuView> = state
@@ -412,6 +402,15 @@ impl DraRig {
         let uid = format!("uid-{name}");
         self.kubelet.unprepare(&[("ml", name, &uid)]).remove(&uid).unwrap_or_default()
     }
+}
+
+/// Each simulated GPU's profile table, by index.
+fn tables_of(state: &gpupart::mig::sim::SimState) -> std::collections::BTreeMap<u32, gpupart::mig::ProfileTable> {
+    state
+        .gpus
+        .iter()
+        .filter_map(|g| Some((g.index, gpupart::mig::catalog::lookup(&g.model)?.profile_table())))
+        .collect()
 }
 
 /// Reads the CEL subset gpupart's classes and the tests use: `&&` of `device.driver == 'X'` and

@@ -287,14 +287,5 @@ fn usable(cache: &BTreeMap<String, SliceSpec>) -> bool {
 
 /// Every device the GPUs could have.
 fn every_device(tables: &BTreeMap<u32, ProfileTable>) -> Vec<DeviceRef> {
-    let mut out = Vec::new();
-    for (&gpu, t) in tables {
-        for p in &t.profiles {
-            for &placement in &p.placements {
-                out.push(DeviceRef { gpu, kind: DeviceKind::Mig { profile_id: p.id, placement } });
-            }
-        }
-        out.push(DeviceRef { gpu, kind: DeviceKind::Gpu });
-    }
-    out
+    tables.iter().flat_map(|(&gpu, t)| gpupart::dra::devices::every_device(gpu, t)).collect()
 }

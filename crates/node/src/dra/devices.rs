@@ -68,6 +68,19 @@ impl DeviceRef {
     }
 }
 
+/// Every device GPU `gpu` could have: each placement of each profile of `table`, then the whole
+/// GPU.
+pub fn every_device(gpu: u32, table: &ProfileTable) -> Vec<DeviceRef> {
+    let mut out: Vec<DeviceRef> = table
+        .profiles
+        .iter()
+        .flat_map(|p| p.placements.iter().map(move |&placement| DeviceKind::Mig { profile_id: p.id, placement }))
+        .map(|kind| DeviceRef { gpu, kind })
+        .collect();
+    out.push(DeviceRef { gpu, kind: DeviceKind::Gpu });
+    out
+}
+
 /// The capacities a device consumes and a GPU's counter set holds, by counter name (NVIDIA's
 /// names: `memory` in bytes, `multiprocessors`, `copy-engines`, `decoders`, `encoders`,
 /// `jpeg-engines`, `ofa-engines`).

@@ -268,33 +268,8 @@ pub fn keep_unchanged(
 }
 
 /// The writes that take the pool from `current` (slice name → spec, as the API holds it) to
-/// `next`, in order. Within one generation a device moving to another slice is first removed
-/// from the slice it leaves and only then added to the one it joins, so no moment of the
-/// sequence lists a device twice (the scheduler refuses a pool with a duplicate device name); a
-/// moving device is missing for a moment instead, which only delays it. Slices already as
-/// wanted are not written.
+/// `next`, in order: every slice whose spec differs, once. Since a device lives in the same slice
+/// for good ([`layout`]), no sequence of these writes ever lists a device twice or misses one.
 pub fn write_plan(current: &BTreeMap<String, SliceSpec>, next: &[Slice]) -> Vec<Slice> {
-    let same_generation =
-        next.iter().all(|s| current.get(&s.name).is_some_and(|c| c.pool.generation == s.spec.pool.generation));
-    let mut state = current.clone();
-    let mut plan = Vec::new();
-    let mut push = |s: Slice, state: &mut BTreeMap<String, SliceSpec>| {
-        if state.get(&s.name) != Some(&s.spec) {
-            state.insert(s.name.clone(), s.spec.clone());
-            plan.push(s);
-        }
-    };
-    if same_generation {
-        let home: BTreeMap<&str, &str> =
-            current.iter().flat_map(|(n, c)| c.devices.iter().map(move |d| (d.name.as_str(), n.as_str()))).collect();
-        for s in next {
-            let mut first = s.clone();
-            first.spec.devices.retain(|d| home.get(d.name.as_str()).is_none_or(|h| *h == s.name));
-            push(first, &mut state);
-        }
-    }
-    for s in next {
-        push(s.clone(), &mut state);
-    }
-    plan
+    next.iter().filter(|s| current.get(&s.name) != Some(&s.spec)).cloned().collect()
 }

@@ -8,7 +8,7 @@
 //! MIG off. A device blocked only by such an occupant gets a `NoSchedule` device taint instead of
 //! leaving the pool.
 
-use super::devices::{DeviceKind, DeviceRef};
+use super::devices::{every_device, DeviceKind, DeviceRef};
 use super::order::GpuView;
 use crate::mig::capacity::Occupancy;
 use std::collections::BTreeMap;
@@ -28,25 +28,12 @@ fn creatable(g: &GpuView, d: DeviceRef) -> bool {
     }
 }
 
-/// Every device of the GPUs: each placement of each profile, and each GPU whole.
-pub fn every_device(gpus: &[GpuView]) -> Vec<DeviceRef> {
-    let mut out = Vec::new();
-    for g in gpus {
-        for p in &g.table.profiles {
-            for &placement in &p.placements {
-                out.push(DeviceRef { gpu: g.index, kind: DeviceKind::Mig { profile_id: p.id, placement } });
-            }
-        }
-        out.push(DeviceRef { gpu: g.index, kind: DeviceKind::Gpu });
-    }
-    out
-}
-
 /// The devices that cannot be created given `everything` on the GPUs but could given only what
 /// the pool's claims hold (`claimed`, the same GPUs in the same order), with why.
 pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<DeviceRef, String> {
-    every_device(everything)
-        .into_iter()
+    everything
+        .iter()
+        .flat_map(|g| every_device(g.index, &g.table))
         .filter(|d| {
             let all = everything.iter().find(|g| g.index == d.gpu);
             let held = claimed.iter().find(|g| g.index == d.gpu);
