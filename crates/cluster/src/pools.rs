@@ -133,15 +133,19 @@ impl PoolTaint {
 
     /// Whether these tolerations tolerate it, as the scheduler matches them.
     pub fn tolerated_by(&self, tolerations: &[Toleration]) -> bool {
-        tolerations.iter().any(|t| {
-            let exists = t.operator.as_deref() == Some("Exists");
-            let key_ok =
-                t.key.as_deref() == Some(self.key.as_str()) || (t.key.as_deref().unwrap_or("").is_empty() && exists);
-            let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == self.effect);
-            let value_ok = exists || t.value.as_deref().unwrap_or("") == self.value;
-            key_ok && effect_ok && value_ok
-        })
+        let taint = self.to_taint();
+        tolerations.iter().any(|t| tolerates(t, &taint))
     }
+}
+
+/// Whether a toleration tolerates a taint, as the scheduler matches them: the same key (or no
+/// key with `Exists`), the same effect (or none), the same value (or `Exists`).
+pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    let exists = t.operator.as_deref() == Some("Exists");
+    let key_ok = t.key.as_deref() == Some(taint.key.as_str()) || (t.key.as_deref().unwrap_or("").is_empty() && exists);
+    let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect);
+    let value_ok = exists || t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("");
+    key_ok && effect_ok && value_ok
 }
 
 /// The pools as they are written on nodes.

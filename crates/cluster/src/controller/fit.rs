@@ -137,15 +137,6 @@ fn matches_term(t: &NodeSelectorTerm, name: &str, labels: &BTreeMap<String, Stri
         && fields.iter().all(|r| matches_requirement(r, &by_name))
 }
 
-fn tolerates(t: &Toleration, taint: &Taint) -> bool {
-    let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect);
-    let key_ok = t.key.as_deref().is_none_or(str::is_empty) && t.operator.as_deref() == Some("Exists")
-        || t.key.as_deref() == Some(taint.key.as_str());
-    let value_ok = t.operator.as_deref() == Some("Exists")
-        || t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("");
-    effect_ok && key_ok && value_ok
-}
-
 /// Why `pod` could not land on the node (`name`, `labels`, `taints`, `room`) apart from its
 /// GPUs, in the scheduler's words where it has them; `None` when it could. `skip_taint` is a taint
 /// key judged elsewhere (the dedicated pool's).
@@ -166,7 +157,7 @@ pub fn blocked(
     let untolerated = taints
         .iter()
         .filter(|t| t.key != skip_taint && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
-        .find(|t| !c.tolerations.iter().any(|tol| tolerates(tol, t)));
+        .find(|t| !c.tolerations.iter().any(|tol| crate::pools::tolerates(tol, t)));
     if let Some(t) = untolerated {
         return Some(format!("had untolerated taint {{{}: {}}}", t.key, t.value.as_deref().unwrap_or("")));
     }

@@ -17,13 +17,13 @@ use std::collections::BTreeMap;
 /// no claim of the pool holds.
 pub const OCCUPIED: &str = "occupied-outside-claims";
 
-/// Whether `d` could be created on `g` now.
-fn creatable(g: &GpuView, d: DeviceRef) -> bool {
+/// Whether `d` could be created on `g` (whose occupancy is `occ`) now.
+fn creatable(g: &GpuView, occ: &Occupancy, d: DeviceRef) -> bool {
     match d.kind {
         DeviceKind::Gpu => g.idle(),
         DeviceKind::Mig { profile_id, placement } => {
             let Some(p) = g.table.by_id(profile_id) else { return false };
-            !g.whole_taken && Occupancy::of(&g.table, g.occupied.iter().copied()).can_add(&g.table, p, placement)
+            !g.whole_taken && occ.can_add(&g.table, p, placement)
         }
     }
 }
@@ -31,14 +31,16 @@ fn creatable(g: &GpuView, d: DeviceRef) -> bool {
 /// The devices that cannot be created given `everything` on the GPUs but could given only what
 /// the pool's claims hold (`claimed`, the same GPUs in the same order), with why.
 pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<DeviceRef, String> {
-    everything
-        .iter()
-        .flat_map(|g| every_device(g.index, &g.table))
-        .filter(|d| {
-            let all = everything.iter().find(|g| g.index == d.gpu);
-            let held = claimed.iter().find(|g| g.index == d.gpu);
-            matches!((all, held), (Some(a), Some(h)) if !creatable(a, *d) && creatable(h, *d))
-        })
-        .map(|d| (d, OCCUPIED.to_string()))
-        .collect()
+    let occupancy = |g: &GpuView| Occupancy::of(&g.table, g.occupied.iter().copied());
+    let mut out = BTreeMap::new();
+    for all in everything {
+        let Some(held) = claimed.iter().find(|g| g.index == all.index) else { continue };
+        let (all_occ, held_occ) = (occupancy(all), occupancy(held));
+        for d in every_device(all.index, &all.table) {
+            if !creatable(all, &all_occ, d) && creatable(held, &held_occ, d) {
+                out.insert(d, OCCUPIED.to_string());
+            }
+        }
+    }
+    out
 }
