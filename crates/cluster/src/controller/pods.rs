@@ -360,6 +360,7 @@ mod tests {
         let mut done = p.clone();
         done.status.as_mut().unwrap().phase = Some("Succeeded".into());
         assert_eq!(read(&done, "gpupart.io/mps").unwrap(), None);
+        assert_eq!(crate::pools::Pools::default().taint.key, DEDICATED_TAINT_KEY, "the key is the default taint's");
         let mps = pending(serde_json::json!({"limits": {"gpupart.io/mps": "1"}}));
         assert_eq!(read(&mps, "gpupart.io/mps").unwrap().unwrap().resource, Resource::Mps);
     }
