@@ -1,4 +1,7 @@
 //! Defragmentation by moving pods (pure): which running pods may be moved to make room for a pod
-//! that waits ([`movable`]). The controller's binary side evicts through the Eviction API.
+//! that waits ([`movable`]), and, on nodes that publish DRA devices, where the room appears and
+//! where the moved pods go ([`room`]). The controller's binary side evicts through the Eviction
+//! API.
 
 pub mod movable;
+pub mod room;
