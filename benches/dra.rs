@@ -5,9 +5,16 @@
 //! reordered) and gpupart's (republished after every change); beside them two comparators that
 //! are not orders: the capacity-only bound (a claim refused only when the free memory slices
 //! cannot hold it at all) and free migration (every instance may move to another GPU or
-//! placement at every arrival, which no publication order can do). Each row sums `TRACES`
+//! placement at every arrival, which no publication order can do); and gpupart's order with
+//! defragmentation: when a claim would be refused, the controller's room planner
+//! (`gpupart_cluster::defrag::room`) moves the fewest movable claims (a stated share of the MIG
+//! claims up to 3g, `MOVABLE_PERCENT`; never whole-GPU, 4g or 7g claims; at most `MAX_PODS` per
+//! plan), the waiting claim takes the room first (the reservation), then the moved claims are
+//! allocated again, each move costing its pod `RESTART` of downtime. Each row sums `TRACES`
 //! traces of `CLAIMS` claims. Prints a table per model, load and mix: the default mix, and one
-//! with a third of the whole-GPU claims.
+//! with a third of the whole-GPU claims. `cargo bench --bench dra -- traces` prints the tables
+//! only; `GPUPART_BENCH_MODEL=A100` one model's rows; `GPUPART_BENCH_MOVABLE_PERCENT` and
+//! `GPUPART_BENCH_MAX_PODS` change the share of movable claims and the bound.
 //!
 //! First, the latency of Prepare and Unprepare through the real binary (`gpupart agent --dra`
 //! on the fake libnvidia-ml, called by the fake kubelet over its unix socket) and from an
@@ -20,6 +27,7 @@ mod support;
 
 use gpupart::backend::sim::SimBackend;
 use gpupart::backend::GpuBackend;
+use gpupart::defrag::room::{self, Want};
 use gpupart::dra::devices::{DeviceKind, DeviceRef};
 use gpupart::dra::order::{nvidia_order, order, GpuView};
 use gpupart::dra::publish::{content, names, Catalog, PublishedGpu};
@@ -118,6 +126,16 @@ struct Tally {
     allocated: usize,
     /// ResourceSlice writes the publications took (only slices whose content changed).
     writes: usize,
+    /// Defragmentation: claims moved (evicted and allocated again elsewhere).
+    evictions: usize,
+    /// Claims served by a plan (allocated after the moves).
+    served_by_plan: usize,
+    /// Moved claims whose replacement the stand-in refused (the plan promised it a place).
+    replacements_refused: usize,
+    /// Time the moved claims' pods spent restarting, summed.
+    restart_time: f64,
+    /// Time the claims held their devices, summed (the trace's offered work).
+    held_time: f64,
 }
 
 impl std::ops::AddAssign for Tally {
@@ -134,6 +152,11 @@ impl std::ops::AddAssign for Tally {
         self.destroyed += o.destroyed;
         self.allocated += o.allocated;
         self.writes += o.writes;
+        self.evictions += o.evictions;
+        self.served_by_plan += o.served_by_plan;
+        self.replacements_refused += o.replacements_refused;
+        self.restart_time += o.restart_time;
+        self.held_time += o.held_time;
     }
 }
 
@@ -273,20 +296,128 @@ fn had_capacity(free: &[u32], ask: Ask) -> bool {
     }
 }
 
-fn replay(model: &str, asks: &[Ask], events: &[Event], gpupart: bool) -> Tally {
+/// The share of MIG claims up to 3g.40gb whose pods opt in to moving (percent;
+/// `GPUPART_BENCH_MOVABLE_PERCENT` overrides it); whole-GPU, 4g and 7g claims never move.
+const MOVABLE_PERCENT: u64 = 100;
+/// The most pods one plan moves (`GPUPART_BENCH_MAX_PODS` overrides it).
+const MAX_PODS: usize = 4;
+
+/// A number from the environment, else `default`.
+fn knob<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+/// What one move costs its pod: the time to restart elsewhere (trace units; durations have a
+/// median of 1, so with a median of an hour this is 3 minutes).
+const RESTART: f64 = 0.05;
+
+/// Whether claim `claim` (asking `ask`) is one whose pod may move.
+fn movable_claim(claim: usize, ask: Ask) -> bool {
+    let small = matches!(ask, Ask::Mig(_, s) if s <= 4) && !matches!(ask, Ask::Mig("4g.40gb", _));
+    let pct: u64 = knob("GPUPART_BENCH_MOVABLE_PERCENT", MOVABLE_PERCENT);
+    small && (claim as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40 & 0xFFFF < pct * 0x10000 / 100
+}
+
+/// The policy a replay follows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Policy {
+    /// NVIDIA's order, published once.
+    Nvidia,
+    /// gpupart's order, republished after every change.
+    Gpupart,
+    /// gpupart's order, and moves (the controller's room planner) when a claim would be refused.
+    Defrag,
+}
+
+/// Makes room for the refused `claim` by moving claims, as `gpupart controller --defrag` does on
+/// a DRA node: the cheapest plan (gpupart_cluster's room planner), the moved claims deallocated,
+/// the waiting claim allocated in the room first (the reservation), then each moved claim again.
+/// Returns whether the claim was served.
+fn defragment(node: &mut Node, claim: usize, asks: &[Ask], arrived: &[f64], t: &mut Tally) -> bool {
+    let ask = asks[claim];
+    let want = match ask {
+        Ask::Mig(p, _) => Want::Mig(p.into()),
+        Ask::Whole(k) => Want::Whole(k),
+    };
+    let mut gpus: Vec<room::Gpu> = node
+        .views
+        .iter()
+        .map(|v| room::Gpu { index: v.index, table: v.table.clone(), mig_enabled: v.mig_enabled, held: Vec::new() })
+        .collect();
+    for (c, (_, refs)) in &node.held {
+        for r in refs {
+            gpus[r.gpu as usize].held.push(room::Held { kind: r.kind, by: c.to_string() });
+        }
+    }
+    let movable = node
+        .held
+        .keys()
+        .filter(|&&c| movable_claim(c, asks[c]))
+        .map(|&c| (c.to_string(), room::Movable { created: (arrived[c] * 3600.0) as i64, lands: None }))
+        .collect();
+    let nodes = [room::Node { name: NODE.into(), gpus }];
+    let Some(plan) = room::plan(
+        &nodes,
+        &want,
+        &|_| true,
+        &movable,
+        room::Bounds { max_pods: knob("GPUPART_BENCH_MAX_PODS", MAX_PODS), ..room::Bounds::default() },
+    )
+    .plan
+    else {
+        return false;
+    };
+    let moved: Vec<usize> = plan.moves.iter().filter_map(|m| m.pod.parse().ok()).collect();
+    // Whole GPUs idle before the moves may serve the claim as well as the room: the moved claims
+    // then take the room's leftovers.
+    let idle_before: Vec<u32> = node.views.iter().filter(|v| v.idle()).map(|v| v.index).collect();
+    for &c in &moved {
+        t.destroyed += node.drop_claim(c);
+    }
+    node.publish_gpupart();
+    let got = node.allocator.allocate(&requests(ask)).expect("the room holds the claim it was made for");
+    let landed: Vec<u32> = got.iter().map(|a| node.parse(&a.device).gpu).collect();
+    let room_or_idle = |g: &u32| plan.room.contains(g) || idle_before.contains(g);
+    assert!(landed.iter().all(room_or_idle), "claim {claim} landed on {landed:?}, not in the room {:?}", plan.room);
+    node.hold(claim, got);
+    node.publish_gpupart();
+    t.served_by_plan += 1;
+    t.allocated += 1;
+    t.created += usize::from(matches!(ask, Ask::Mig(..)));
+    for c in moved {
+        t.evictions += 1;
+        t.restart_time += RESTART;
+        match node.allocator.allocate(&requests(asks[c])) {
+            Some(got) => {
+                node.hold(c, got);
+                node.publish_gpupart();
+                t.allocated += 1;
+                t.created += 1;
+            }
+            None => t.replacements_refused += 1,
+        }
+    }
+    true
+}
+
+fn replay(model: &str, asks: &[Ask], events: &[Event], policy: Policy) -> Tally {
     let mut node = Node::new(model);
     let mut t = Tally::default();
+    let gpupart = policy != Policy::Nvidia;
     if gpupart {
         node.publish_gpupart();
     } else {
         let all = nvidia_order(&node.views);
         node.publish(&all);
     }
+    let mut arrived = vec![0.0; asks.len()];
     // The first publication is the same for every order: count what follows.
     node.writes = 0;
     for e in events {
         let ask = asks[e.claim];
         if !e.arrive {
+            if node.held.contains_key(&e.claim) {
+                t.held_time += e.at - arrived[e.claim];
+            }
             let d = node.drop_claim(e.claim);
             t.destroyed += d;
             if gpupart && (d > 0 || matches!(ask, Ask::Whole(_))) {
@@ -294,6 +425,7 @@ fn replay(model: &str, asks: &[Ask], events: &[Event], gpupart: bool) -> Tally {
             }
             continue;
         }
+        arrived[e.claim] = e.at;
         t.claims += 1;
         t.largest_sum += node.largest_mean();
         t.largest_samples += 1;
@@ -308,6 +440,7 @@ fn replay(model: &str, asks: &[Ask], events: &[Event], gpupart: bool) -> Tally {
                     node.publish_gpupart();
                 }
             }
+            None if policy == Policy::Defrag && defragment(&mut node, e.claim, asks, &arrived, &mut t) => {}
             None => {
                 t.refused += 1;
                 t.whole_refused += usize::from(whole);
@@ -642,29 +775,33 @@ fn latencies(model: &str, delay: Duration) {
     );
 }
 
-/// The four runs of one trace: NVIDIA's order, gpupart's, the capacity-only bound, free
-/// migration.
-fn runs(model: &str, seed: u64, load: f64, wscale: f64) -> [Tally; 4] {
+/// The five runs of one trace: NVIDIA's order, gpupart's, gpupart's with defragmentation, the
+/// capacity-only bound, free migration.
+fn runs(model: &str, seed: u64, load: f64, wscale: f64) -> [Tally; 5] {
     let (asks, events) = trace_mix(seed, load, wscale);
     [
-        replay(model, &asks, &events, false),
-        replay(model, &asks, &events, true),
+        replay(model, &asks, &events, Policy::Nvidia),
+        replay(model, &asks, &events, Policy::Gpupart),
+        replay(model, &asks, &events, Policy::Defrag),
         bound(&asks, &events),
         move_all(model, &asks, &events),
     ]
 }
 
 fn main() {
-    println!("Latency through the binary on one node of {GPUS} GPUs (40 one-instance claims, the fake libnvidia-ml, gRPC from the fake kubelet):");
-    for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
-        latencies_through_the_binary(model, 50);
+    // `cargo bench --bench dra -- traces`: the trace tables only.
+    if !std::env::args().any(|a| a == "traces") {
+        println!("Latency through the binary on one node of {GPUS} GPUs (40 one-instance claims, the fake libnvidia-ml, gRPC from the fake kubelet):");
+        for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
+            latencies_through_the_binary(model, 50);
+        }
+        println!();
+        println!("The same in process (the node driver on the simulator; publication = order + slices of the node):");
+        for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
+            latencies(model, Duration::from_millis(50));
+        }
+        println!();
     }
-    println!();
-    println!("The same in process (the node driver on the simulator; publication = order + slices of the node):");
-    for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
-        latencies(model, Duration::from_millis(50));
-    }
-    println!();
     println!("{TRACES} traces of {CLAIMS} claims per row on one node of {GPUS} GPUs; load = offered memory slices / capacity;");
     println!("whole = weight of whole-GPU claims relative to the default mix; 'with capacity' = refused although");
     println!(
@@ -687,22 +824,27 @@ fn main() {
         "destroyed",
         "writes/alloc"
     );
-    for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
+    // Per model, summed over its rows: refused with capacity (nvidia, gpupart, defrag, move-all).
+    let mut totals: Vec<(&str, [usize; 4], Tally)> = Vec::new();
+    // `GPUPART_BENCH_MODEL=A100`: that model's rows only.
+    let only = std::env::var("GPUPART_BENCH_MODEL").unwrap_or_default();
+    for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"].into_iter().filter(|m| m.starts_with(&only)) {
+        let mut total = ([0usize; 4], Tally::default());
         for wscale in [1.0, 0.3] {
             for load in [0.8, 1.0] {
-                let per_trace: Vec<[Tally; 4]> = std::thread::scope(|s| {
+                let per_trace: Vec<[Tally; 5]> = std::thread::scope(|s| {
                     let handles: Vec<_> = (0..TRACES)
                         .map(|i| s.spawn(move || runs(model, 0x5EED_D1A5 + i * 7919, load, wscale)))
                         .collect();
                     handles.into_iter().map(|h| h.join().expect("a trace's runs")).collect()
                 });
-                let mut sum = [Tally::default(); 4];
+                let mut sum = [Tally::default(); 5];
                 for r in per_trace {
                     for (acc, t) in sum.iter_mut().zip(r) {
                         *acc += t;
                     }
                 }
-                for (name, t) in ["nvidia", "gpupart", "capacity", "move-all"].iter().zip(&sum) {
+                for (name, t) in ["nvidia", "gpupart", "defrag", "capacity", "move-all"].iter().zip(&sum) {
                     let largest =
                         if t.largest_samples > 0 { t.largest_sum / t.largest_samples as f64 } else { f64::NAN };
                     println!(
@@ -728,16 +870,58 @@ fn main() {
                 }
                 let ratio = |t: &Tally| t.refused_with_capacity as f64 / sum[0].refused_with_capacity.max(1) as f64;
                 println!(
-                    "{:<16} {:>5.1} {:>5.1} refused with capacity / nvidia's: gpupart {:.2}, move-all {:.2}; refused beyond the capacity bound: nvidia {:+}, gpupart {:+}",
+                    "{:<16} {:>5.1} {:>5.1} refused with capacity / nvidia's: gpupart {:.2}, defrag {:.2}, move-all {:.2}; refused beyond the capacity bound: nvidia {:+}, gpupart {:+}, defrag {:+}",
                     model,
                     wscale,
                     load,
                     ratio(&sum[1]),
-                    ratio(&sum[3]),
-                    sum[0].refused as i64 - sum[2].refused as i64,
-                    sum[1].refused as i64 - sum[2].refused as i64,
+                    ratio(&sum[2]),
+                    ratio(&sum[4]),
+                    sum[0].refused as i64 - sum[3].refused as i64,
+                    sum[1].refused as i64 - sum[3].refused as i64,
+                    sum[2].refused as i64 - sum[3].refused as i64,
                 );
+                print_moves(model, wscale, load, &sum[2]);
+                for (i, k) in [0, 1, 2, 4].into_iter().enumerate() {
+                    total.0[i] += sum[k].refused_with_capacity;
+                }
+                total.1 += sum[2];
             }
         }
+        totals.push((model, total.0, total.1));
     }
+    println!();
+    println!("Summed over each model's four rows: refused with capacity, and as a share of NVIDIA's order:");
+    for (model, r, d) in &totals {
+        let share = |x: usize| x as f64 / r[0].max(1) as f64;
+        println!(
+            "{model:<16} nvidia {}  gpupart {} ({:.2})  defrag {} ({:.2})  move-all {} ({:.2})",
+            r[0],
+            r[1],
+            share(r[1]),
+            r[2],
+            share(r[2]),
+            r[3],
+            share(r[3])
+        );
+        print_moves(model, f64::NAN, f64::NAN, d);
+    }
+}
+
+/// The moves defragmentation made in `t`: evictions per claim, the restart time they cost
+/// against the time claims held devices, claims served by a plan, replacements refused.
+fn print_moves(model: &str, wscale: f64, load: f64, t: &Tally) {
+    println!(
+        "{:<16} {:>5.1} {:>5.1} defrag moves: {} evictions for {} claims ({:.3} per claim), {} claims served by a plan, restart time {:.1} = {:.2}% of the time claims held devices, {} replacements refused",
+        model,
+        wscale,
+        load,
+        t.evictions,
+        t.claims,
+        t.evictions as f64 / t.claims.max(1) as f64,
+        t.served_by_plan,
+        t.restart_time,
+        100.0 * t.restart_time / t.held_time.max(f64::MIN_POSITIVE),
+        t.replacements_refused,
+    );
 }

@@ -6,7 +6,7 @@
 //! `gpupart-node` (the node pipeline and GPU backends) and `gpupart-cluster` (the fleet planner
 //! and the controller's decisions); their modules are re-exported here under their own names.
 
-pub use gpupart_cluster::{fleet, keys, pools};
+pub use gpupart_cluster::{defrag, fleet, keys, pools};
 pub use gpupart_node::{
     allocations, backend, checkpoint, config, exec, frag, fsutil, hooks, layout, mig, mps, observed, plan, prepare,
     reconfigure, validate,

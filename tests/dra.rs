@@ -305,6 +305,63 @@ fn a_foreign_instance_is_never_offered_over_nor_destroyed() {
 }
 
 #[test]
+fn room_reserved_for_a_waiting_claim_goes_to_it_and_to_no_other_claim() {
+    let rig = DraRig::start("A100-SXM4-80GB:2");
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    // The controller reserves GPU 0 for a waiting 7g.80gb claim.
+    let until = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let reservation = format!(r#"{{"pod": "ml/llm", "gpus": [0], "wants": {{"mig": "7g.80gb"}}, "until": {until}}}"#);
+    rig.api.annotate("gpupart.io/defrag-reservation", Some(&reservation));
+    let reserved = |d: &gpupart::dra::slices::Device| {
+        d.taints.iter().any(|t| {
+            t.key == format!("{DRIVER}/unavailable") && t.value.as_deref() == Some("reserved-for-a-waiting-claim")
+        })
+    };
+    let room = |d: &gpupart::dra::slices::Device| d.name.starts_with("gpu-0") && !d.name.contains("-7g-");
+    let slices = rig.wait_slices("the reserved GPU's devices tainted", |s| {
+        s.iter().flat_map(|(_, x)| &x.devices).all(|d| reserved(d) == room(d))
+    });
+    // Every device of GPU 0 but its 7g is tainted NoSchedule, in place; GPU 1 is untouched.
+    for d in slices.iter().flat_map(|(_, s)| s.devices.iter()) {
+        assert_eq!(reserved(d), room(d), "{}: {:?}", d.name, d.taints);
+        assert!(d.taints.iter().all(|t| t.effect == "NoSchedule"), "{:?}", d.taints);
+    }
+    // A small claim (a moved pod's replacement) never lands in the room; the waiting one does.
+    for i in 0..3 {
+        let name = format!("small-{i}");
+        rig.mig_claim(&name, "1g.10gb");
+        let got = rig.schedule(&name).expect("allocated");
+        assert!(got[0].device.starts_with("gpu-1-"), "{name} took {}", got[0].device);
+        rig.wait_caught_up();
+    }
+    rig.mig_claim("llm", "7g.80gb");
+    assert_eq!(rig.schedule("llm").expect("allocated")[0].device, "gpu-0-mig-7g-80gb-0-0");
+    rig.prepare("llm").expect("prepared");
+    // The reservation removed, the taints go.
+    rig.api.annotate("gpupart.io/defrag-reservation", None);
+    rig.wait_slices("no reservation taint", |s| !s.iter().flat_map(|(_, x)| &x.devices).any(&reserved));
+    // A reservation the node cannot honour is ignored, with a warning naming it.
+    rig.api.annotate(
+        "gpupart.io/defrag-reservation",
+        Some(r#"{"pod": "ml/x", "gpus": [7], "wants": {"whole": 1}, "until": 1}"#),
+    );
+    let t = std::time::Instant::now();
+    while !rig.stderr().contains("reserves GPU 7, which this node does not have") {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "{}", rig.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A reservation lifts itself when it expires.
+    let soon = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 2;
+    let short = format!(r#"{{"pod": "ml/tp", "gpus": [1], "wants": {{"whole": 1}}, "until": {soon}}}"#);
+    rig.api.annotate("gpupart.io/defrag-reservation", Some(&short));
+    rig.wait_slices("GPU 1's MIG devices reserved", |s| {
+        s.iter().flat_map(|(_, x)| &x.devices).any(|d| d.name.starts_with("gpu-1-") && reserved(d))
+    });
+    rig.wait_slices("the reservation expired", |s| !s.iter().flat_map(|(_, x)| &x.devices).any(&reserved));
+}
+
+#[test]
 fn a_whole_gpu_claim_turns_mig_off_and_the_gpu_returns_to_mig_after() {
     let rig = DraRig::start("A100-SXM4-80GB:1");
     rig.kubelet.wait_registered(1);

@@ -59,11 +59,12 @@ fn the_kubectl_stream_validates_and_an_agent_applies_its_layout() {
     let policy: serde_json::Value = serde_saphyr::from_str(policy["data"]["policy.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(policy["kind"], "DeschedulerPolicy");
     let plugins = policy["profiles"][0]["pluginConfig"].to_string();
-    for p in
-        ["RemovePodsViolatingNodeAffinity", "RemovePodsViolatingNodeTaints", "LowNodeUtilization", "nvidia.com/gpu"]
-    {
+    for p in ["RemovePodsViolatingNodeAffinity", "RemovePodsViolatingNodeTaints"] {
         assert!(plugins.contains(p), "{p}: {plugins}");
     }
+    // No balancing: LowNodeUtilization would spread GPU pods onto the nearly idle nodes.
+    assert!(policy["profiles"][0]["plugins"]["balance"].is_null(), "{policy}");
+    assert!(!plugins.contains("LowNodeUtilization"), "{plugins}");
     let cm = docs.iter().find(|d| d["metadata"]["name"] == "gpupart-config").unwrap();
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, cm["data"]["config.yaml"].as_str().unwrap()).unwrap();

@@ -107,6 +107,9 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             crate::http::ServeLimits { max_connections: a.http_max_connections as usize, timeout: a.http_timeout };
         tokio::spawn(async move { crate::http::serve(listener, crate::http::router(http_state), limits).await });
         let publisher = publisher::Publisher::start(client.clone(), &a.driver_name, &node, backend.as_ref()).await?;
+        let (node_changed, mut node_changes) = tokio::sync::mpsc::channel::<()>(8);
+        let keys = vec![gpupart_node::dra::reservation::ANNOTATION.to_string()];
+        let node_view = crate::kube::NodeWatch::spawn(client.clone(), &node, keys, node_changed);
         let dra = Arc::new(DraNode {
             backend: backend.clone(),
             driver: Mutex::new(driver),
@@ -126,6 +129,15 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
                 a.annotation_min_interval,
                 simulated,
             ),
+            node_view,
+            bad_reservation: Mutex::default(),
+        });
+        // A reservation written or removed on the node republishes at once.
+        let wake = dra.republish.clone();
+        tokio::spawn(async move {
+            while node_changes.recv().await.is_some() {
+                wake.notify_one();
+            }
         });
         if a.watch_claims {
             watch::spawn(client.clone(), a.driver_name.clone(), node.clone(), dra.held.clone(), dra.republish.clone());

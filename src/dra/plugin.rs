@@ -12,6 +12,7 @@ use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::driver::Driver;
 use gpupart_node::dra::order::order;
+use gpupart_node::dra::reservation;
 use gpupart_node::dra::unavailable::unavailable;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,6 +43,10 @@ pub struct DraNode {
     pub events: super::events::ClaimEvents,
     /// The node summary annotations (as the label-driven agent writes them).
     pub summaries: crate::kube::KubeReporter,
+    /// The node's labels and annotations (the controller's reservation for a waiting claim).
+    pub node_view: crate::kube::NodeWatch,
+    /// The last reservation annotation that could not be used, and why (logged once).
+    pub bad_reservation: Mutex<Option<String>>,
 }
 
 impl DraNode {
@@ -133,6 +138,10 @@ impl ClaimHandler for Arc<DraNode> {
     }
 }
 
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
 /// Publishes now and whenever woken (or every `resync`); marks the plugin ready after the first
 /// publication.
 pub async fn publish_loop(
@@ -168,7 +177,28 @@ pub async fn publish_loop(
             } else {
                 d.prepared_devices().into_iter().chain(pending.iter().copied()).collect()
             };
-            let unavailable = unavailable(&views, &d.claimed_views(&states, &claimed));
+            let mut unavailable = unavailable(&views, &d.claimed_views(&states, &claimed));
+            // Room the controller reserved for a waiting claim: what it cannot use is tainted.
+            let reservation = me.node_view.view().annotations.get(reservation::ANNOTATION).cloned();
+            let mut problem = None;
+            if let Some(text) = reservation {
+                match reservation::Reservation::read(&text, tables) {
+                    Ok(r) => {
+                        for (d, why) in r.unavailable(now_secs(), tables) {
+                            unavailable.entry(d).or_insert(why);
+                        }
+                    }
+                    Err(e) => problem = Some(e.to_string()),
+                }
+            }
+            let mut last = me.bad_reservation.lock().unwrap_or_else(|e| e.into_inner());
+            if problem != *last {
+                if let Some(p) = &problem {
+                    tracing::warn!(error = %p, "ignoring the reservation");
+                }
+                *last = problem;
+            }
+            drop(last);
             let prepared = d.checkpoint().claims.len();
             Ok::<_, gpupart_node::backend::BackendError>((states, offered, unavailable, prepared))
         })
@@ -207,9 +237,19 @@ pub async fn publish_loop(
             Ok(Err(e)) => tracing::warn!(error = %e, "reading the GPUs for publication failed"),
             Err(e) => tracing::error!(error = %e, "the publication task failed"),
         }
+        // A reservation in force is lifted when it expires, not at the next resync.
+        let expires = node
+            .node_view
+            .view()
+            .annotations
+            .get(reservation::ANNOTATION)
+            .and_then(|t| serde_json::from_str::<reservation::Reservation>(t).ok())
+            .map(|r| r.until - now_secs())
+            .filter(|left| *left >= 0)
+            .map(|left| Duration::from_secs(left as u64 + 1));
         tokio::select! {
             _ = node.republish.notified() => {}
-            _ = tokio::time::sleep(resync) => {}
+            _ = tokio::time::sleep(expires.map_or(resync, |e| e.min(resync))) => {}
         }
     }
 }

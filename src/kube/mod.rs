@@ -18,9 +18,28 @@ pub const USER_AGENT: &str = concat!("gpupart/", env!("CARGO_PKG_VERSION"));
 /// A client from the kubeconfig or the in-cluster service account whose every request names
 /// gpupart in its `User-Agent`, so an operator can tell its writes in audit logs.
 pub async fn client() -> anyhow::Result<::kube::Client> {
+    client_with(true).await
+}
+
+/// The same client without kube's retries of `429 Too Many Requests`: for evictions, where a 429
+/// is a PodDisruptionBudget's answer that the caller must see at once (kube would otherwise retry
+/// it for minutes, blind to whether the plan still holds).
+pub async fn client_without_retries() -> anyhow::Result<::kube::Client> {
+    client_with(false).await
+}
+
+async fn client_with(retries: bool) -> anyhow::Result<::kube::Client> {
     use anyhow::Context;
-    let mut config = ::kube::Config::infer().await.context("reading the Kubernetes client configuration")?;
+    let config = ::kube::Config::infer().await.context("reading the Kubernetes client configuration")?;
+    client_from(config, retries)
+}
+
+/// A client from `config`, naming gpupart in its `User-Agent`, with or without kube's retries of
+/// 429, 503 and 504.
+pub fn client_from(mut config: ::kube::Config, retries: bool) -> anyhow::Result<::kube::Client> {
+    use anyhow::Context;
     let value = http::HeaderValue::from_static(USER_AGENT);
     config.headers.push((http::header::USER_AGENT, value));
+    config.default_retry = retries;
     ::kube::Client::try_from(config).context("connecting to the Kubernetes API")
 }

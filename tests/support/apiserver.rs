@@ -3,7 +3,9 @@
 //! Leases, Events, and `resource.k8s.io/v1` ResourceSlices, ResourceClaims and DeviceClasses): list (field selectors such as `metadata.name`, `spec.nodeName`), watch from
 //! a resourceVersion (ADDED/MODIFIED/DELETED, bookmarks, metadata-only), get, create (409
 //! AlreadyExists), replace and merge patch with a `metadata.resourceVersion` precondition (409
-//! Conflict), server-side apply of labels and annotations per field manager, and delete. Fault
+//! Conflict), server-side apply of labels and annotations per field manager, and delete; the
+//! `pods/eviction` subresource with PodDisruptionBudgets (`policy/v1`) and a ReplicaSet
+//! (`apps/v1`) stand-in that recreates a deleted pod it owns ([`super::disruption`]). Fault
 //! injection: HTTP errors, 409s for a field manager, 410 on watch, dropped watches, and a restart
 //! (every connection dropped, connections refused while down, and watches from a resourceVersion
 //! older than the restart answered `410 Expired` as etcd's compaction does). Anything else is
@@ -33,10 +35,18 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
     ("resourceslices", "resource.k8s.io/v1", "ResourceSlice", false),
     ("resourceclaims", "resource.k8s.io/v1", "ResourceClaim", true),
     ("deviceclasses", "resource.k8s.io/v1", "DeviceClass", false),
+    ("poddisruptionbudgets", "policy/v1", "PodDisruptionBudget", true),
+    ("replicasets", "apps/v1", "ReplicaSet", true),
 ];
 
 /// The API groups served besides the core group, as path prefixes.
-const GROUPS: &[&str] = &["/apis/coordination.k8s.io/v1/", "/apis/events.k8s.io/v1/", "/apis/resource.k8s.io/v1/"];
+const GROUPS: &[&str] = &[
+    "/apis/coordination.k8s.io/v1/",
+    "/apis/events.k8s.io/v1/",
+    "/apis/resource.k8s.io/v1/",
+    "/apis/policy/v1/",
+    "/apis/apps/v1/",
+];
 
 /// The uid of the node an agent's test starts the server with.
 pub const NODE_UID: &str = "0a0b0c0d-0000-4000-8000-000000000001";
@@ -331,6 +341,31 @@ fn route(path: &str) -> Option<Target> {
     Some(Target { plural: p.into(), apiversion, kind, ns, name })
 }
 
+/// `(namespace, pod)` of a `pods/{name}/eviction` path.
+fn eviction_target(path: &str) -> Option<(String, String)> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    match rest.split('/').collect::<Vec<_>>().as_slice() {
+        [ns, "pods", name, "eviction"] => Some((ns.to_string(), name.to_string())),
+        _ => None,
+    }
+}
+
+/// The ReplicaSet controller's answer to a deleted pod: its replacement, created a moment later
+/// (the controller sees the deletion through its watch, then creates).
+fn replace_later(sh: &Shared, s: &Store, old: &Value) {
+    let Some((ns, pod)) = super::disruption::replacement(s, old) else { return };
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        {
+            let mut s = sh.store.lock().unwrap();
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            s.put(("pods".into(), ns, name), pod);
+        }
+        let _ = sh.signals.send(Signal::Changed);
+    });
+}
+
 fn field(v: &Value, path: &str) -> String {
     let mut cur = v;
     for part in path.split('.') {
@@ -405,6 +440,27 @@ async fn handle(
                 return status(409, "Conflict", "Operation cannot be fulfilled: the object has been modified");
             }
         }
+    }
+    if let Some((ns, name)) = eviction_target(&path) {
+        if method != Method::POST {
+            return status(405, "MethodNotAllowed", &format!("{method} {path} is not served by the test API server"));
+        }
+        let body: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return status(400, "BadRequest", &e.to_string()),
+        };
+        let (code, out) = {
+            let mut s = sh.store.lock().unwrap();
+            let key = ("pods".to_string(), ns.clone(), name.clone());
+            super::disruption::evict(&mut s, &ns, &name, &body, |s| {
+                if let Some(old) = s.delete(&key) {
+                    replace_later(&sh, s, &old);
+                }
+            })
+        };
+        let _ = sh.signals.send(Signal::Changed);
+        return (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(out))
+            .into_response();
     }
     let Some(t) = route(&path) else {
         return status(404, "NotFound", &format!("{method} {path} is not served by the test API server"));
@@ -525,7 +581,14 @@ async fn handle(
             axum::Json(out).into_response()
         }
         ("DELETE", Some(name)) => {
-            let old = sh.store.lock().unwrap().delete(&(t.plural.clone(), ns.clone(), name.clone()));
+            let old = {
+                let mut s = sh.store.lock().unwrap();
+                let old = s.delete(&(t.plural.clone(), ns.clone(), name.clone()));
+                if let Some(o) = old.as_ref().filter(|_| t.plural == "pods") {
+                    replace_later(&sh, &s, o);
+                }
+                old
+            };
             let _ = sh.signals.send(Signal::Changed);
             match old {
                 Some(v) => axum::Json(v).into_response(),

@@ -129,10 +129,18 @@ impl DraRig {
         env.push(("KUBECONFIG".into(), s(&kubeconfig)));
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let envv: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let log = std::env::var_os("GPUPART_TEST_AGENT_LOG").and_then(|p| std::fs::File::create(p).ok());
+        // The agent's log: where GPUPART_TEST_AGENT_LOG says, else the rig's own file
+        // ([`DraRig::stderr`]).
+        let at = std::env::var_os("GPUPART_TEST_AGENT_LOG").map_or_else(|| self.path("agent.log"), PathBuf::from);
+        let log = std::fs::File::create(at).ok();
         let stderr = log.map_or_else(Stdio::null, Stdio::from);
         let child = self.node.command(&argv, &envv).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
         *self.agent.lock().unwrap() = Some(Agent(child));
+    }
+
+    /// What the agent logged so far (empty when GPUPART_TEST_AGENT_LOG sends it elsewhere).
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.path("agent.log")).unwrap_or_default()
     }
 
     /// Every ResourceSlice of the node: (name, spec), sorted by name.

@@ -6,6 +6,7 @@ pub mod allocator;
 pub mod apiserver;
 pub mod baremetal;
 pub mod controller_rig;
+pub mod disruption;
 pub mod dra_kubelet;
 pub mod dra_rig;
 pub mod grpc_dial;

@@ -229,6 +229,7 @@ fn step(api: &ApiServer, nodes: &BTreeMap<String, Arc<Node>>, given: &Mutex<BTre
                 given.insert(k.clone(), devices);
                 placed.push((pod.clone(), node.clone()));
                 let patch = json!({"spec": {"nodeName": node}, "status": {"phase": "Running", "conditions": [
+                    {"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339()},
                     {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}]}});
                 api.change(|s| {
                     let key = ("pods".to_string(), ns, name);

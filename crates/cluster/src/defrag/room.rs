@@ -8,7 +8,8 @@
 //! returned.
 //!
 //! The plan is the cheapest: fewest pods, then the least GPU share (memory slices), then the
-//! youngest pods. Only pods holding a device on the room's GPUs move (never a chain of moves), and
+//! most room the node keeps (as the publication order ranks placements), then the youngest
+//! pods. Only pods holding a device on the room's GPUs move (never a chain of moves), and
 //! never a pod whose replacement could take the room itself (a pod holding the profile the waiting
 //! pod asks for, or a whole GPU when it asks for whole GPUs): the reservation leaves those
 //! devices allocatable, so the replacement and the waiting pod would race for them.
@@ -88,12 +89,16 @@ impl Default for Bounds {
 }
 
 /// What a plan costs; smaller is cheaper.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cost {
     /// Pods moved.
     pub pods: usize,
     /// Their GPU share, in memory slices.
     pub share: u32,
+    /// The room the node keeps once the pods left and the waiting pod took its devices, reversed
+    /// (more room costs less): how many more instances of each profile, largest first, its GPUs
+    /// could take — as the publication order ranks placements.
+    pub room: Reverse<Vec<u32>>,
     /// Their creation times summed, reversed (younger pods cost less).
     pub age: Reverse<i64>,
 }
@@ -189,38 +194,52 @@ fn view(g: &Gpu, gone: &BTreeSet<&str>) -> GpuView {
     }
 }
 
-/// Where the waiting pod lands in the room once `gone` left: the devices the published order
-/// hands out first on the room's GPUs; `None` when it does not fit there.
-fn beneficiary(node: &Node, room: &[usize], want: &Want, gone: &BTreeSet<&str>) -> Option<Vec<DeviceRef>> {
-    let views: Vec<GpuView> = room.iter().map(|&g| view(&node.gpus[g], gone)).collect();
+/// Whether the room holds the waiting pod once `gone` left.
+fn fits(node: &Node, room: &[usize], want: &Want, gone: &BTreeSet<&str>) -> bool {
+    let views = room.iter().map(|&g| view(&node.gpus[g], gone));
     match want {
-        Want::Whole(k) => {
-            (views.len() == *k as usize && views.iter().all(GpuView::idle))
-                .then(|| views.iter().map(|v| DeviceRef { gpu: v.index, kind: DeviceKind::Gpu }).collect())
-        }
-        Want::Mig(p) => {
-            let v = views.first()?;
-            let profile = v.table.profiles.iter().find(|x| x.name.to_string() == *p)?;
+        Want::Whole(k) => room.len() == *k as usize && views.into_iter().all(|v| v.idle()),
+        Want::Mig(p) => views.into_iter().next().is_some_and(|v| takes(&v, Some(p))),
+    }
+}
+
+/// The devices the published order hands the waiting pod first on the room's GPUs once `gone`
+/// left (the room holds it).
+fn hand_out(node: &Node, room: &[usize], want: &Want, gone: &BTreeSet<&str>) -> Vec<DeviceRef> {
+    let views: Vec<GpuView> = room.iter().map(|&g| view(&node.gpus[g], gone)).collect();
+    let offered = order(&views);
+    match want {
+        Want::Whole(_) => offered.into_iter().filter(|d| d.kind == DeviceKind::Gpu).collect(),
+        Want::Mig(p) => offered
+            .into_iter()
+            .find(|d| views.iter().any(|v| v.index == d.gpu && profile_name(&d.kind, &v.table).as_deref() == Some(p)))
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// A device a moved pod leaves: its profile's name (`None` for a whole GPU) and where it was.
+type Leaving = (Option<String>, DeviceRef);
+
+/// Whether `v` could take a device of `profile` (a whole GPU when `None`) now.
+fn takes(v: &GpuView, profile: Option<&str>) -> bool {
+    match profile {
+        None => v.idle(),
+        Some(name) => {
             let occ = Occupancy::of(&v.table, v.occupied.iter().copied());
-            if v.whole_taken || !profile.placements.iter().any(|pl| occ.can_add(&v.table, profile, *pl)) {
-                return None;
-            }
-            order(&views)
-                .into_iter()
-                .find(|d| matches!(d.kind, DeviceKind::Mig { profile_id, .. } if profile_id == profile.id))
-                .map(|d| vec![d])
+            !v.whole_taken
+                && v.table
+                    .profiles
+                    .iter()
+                    .filter(|p| p.name.to_string() == name)
+                    .any(|p| p.placements.iter().any(|pl| occ.can_add(&v.table, p, *pl)))
         }
     }
 }
 
 /// Where the moved pods' replacements land, in the scheduler's order, the room excluded; `None`
 /// when one has nowhere to go.
-fn replace(
-    nodes: &[Node],
-    room: &Room,
-    pods: &[&String],
-    movable: &BTreeMap<String, Movable>,
-) -> Option<Vec<Move>> {
+fn replace(nodes: &[Node], room: &Room, pods: &[&String], movable: &BTreeMap<String, Movable>) -> Option<Vec<Move>> {
     let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
     let mut views: Vec<Vec<GpuView>> = nodes.iter().map(|n| n.gpus.iter().map(|g| view(g, &gone)).collect()).collect();
     for &g in &room.gpus {
@@ -228,7 +247,7 @@ fn replace(
     }
     // What each pod held: (profile name or whole GPU, its share), from the room's node.
     let node = &nodes[room.node];
-    let mut pods: Vec<(&String, Vec<(Option<String>, DeviceRef)>, u32)> = pods
+    let mut pods: Vec<(&String, Vec<Leaving>, u32)> = pods
         .iter()
         .map(|&p| {
             let mut share = 0;
@@ -243,10 +262,44 @@ fn replace(
         })
         .collect();
     pods.sort_by_key(|(p, _, share)| (Reverse(*share), (*p).clone()));
+    // A quick necessary test before the scheduler is simulated: outside the room, every GPU
+    // together can take at least as many of each profile (and whole GPUs) as the pods ask.
+    let mut asked: BTreeMap<Option<&str>, u32> = BTreeMap::new();
+    for (_, held, _) in &pods {
+        for (profile, _) in held {
+            *asked.entry(profile.as_deref()).or_default() += 1;
+        }
+    }
+    let supply = |profile: Option<&str>| -> u32 {
+        views
+            .iter()
+            .flatten()
+            .map(|v| match profile {
+                None => u32::from(v.idle()),
+                Some(_) if v.whole_taken => 0,
+                Some(name) => {
+                    let occ = Occupancy::of(&v.table, v.occupied.iter().copied());
+                    v.table
+                        .profiles
+                        .iter()
+                        .filter(|p| p.name.to_string() == name)
+                        .map(|p| occ.remaining_capacity(&v.table, p))
+                        .sum()
+                }
+            })
+            .sum()
+    };
+    if asked.iter().any(|(profile, n)| supply(*profile) < *n) {
+        return None;
+    }
     let mut moves = Vec::new();
     for (pod, held, _) in pods {
         let lands = movable.get(pod).and_then(|m| m.lands.as_ref());
         let target = (0..nodes.len()).filter(|&n| lands.is_none_or(|l| l.contains(&nodes[n].name))).find_map(|n| {
+            // Each device alone must have a spot on the node before the scheduler is simulated.
+            if !held.iter().all(|(profile, _)| views[n].iter().any(|v| takes(v, profile.as_deref()))) {
+                return None;
+            }
             let mut trial = views[n].clone();
             let mut got = Vec::new();
             for (profile, _) in &held {
@@ -282,15 +335,69 @@ fn replace(
     Some(moves)
 }
 
-/// What moving `pods` costs.
-fn cost(nodes: &[Node], pods: &[&String], movable: &BTreeMap<String, Movable>) -> Cost {
+/// The room `node` keeps once `gone` left and the waiting pod took the room (see [`Cost::room`]).
+fn room_after(node: &Node, room: &[usize], want: &Want, gone: &BTreeSet<&str>) -> Vec<u32> {
+    let mut views: Vec<GpuView> = node.gpus.iter().map(|g| view(g, gone)).collect();
+    match want {
+        Want::Whole(_) => room.iter().for_each(|&g| views[g].whole_taken = true),
+        Want::Mig(_) => {
+            for d in hand_out(node, room, want, gone) {
+                if let (Some(v), DeviceKind::Mig { profile_id, placement }) =
+                    (views.iter_mut().find(|v| v.index == d.gpu), d.kind)
+                {
+                    v.occupied.push((profile_id, placement));
+                }
+            }
+        }
+    }
+    let mut sizes: Vec<(Reverse<u32>, Reverse<u32>, String)> = node
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.table.profiles.iter().map(|p| (Reverse(p.memory_slices), Reverse(p.slices), p.name.to_string()))
+        })
+        .collect();
+    sizes.sort();
+    sizes.dedup();
+    let occupancies: Vec<Occupancy> =
+        views.iter().map(|v| Occupancy::of(&v.table, v.occupied.iter().copied())).collect();
+    sizes
+        .iter()
+        .map(|(_, _, name)| {
+            views
+                .iter()
+                .zip(&occupancies)
+                .filter(|(v, _)| !v.whole_taken)
+                .flat_map(|(v, occ)| {
+                    v.table
+                        .profiles
+                        .iter()
+                        .filter(|p| p.name.to_string() == *name)
+                        .map(|p| occ.remaining_capacity(&v.table, p))
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// What moving `pods` to make `room` (GPU positions on `nodes[node]`) costs.
+fn cost(
+    nodes: &[Node],
+    node: usize,
+    room: &[usize],
+    want: &Want,
+    pods: &[&String],
+    movable: &BTreeMap<String, Movable>,
+) -> Cost {
     let share = nodes
         .iter()
         .flat_map(|n| &n.gpus)
         .map(|g| g.held.iter().filter(|h| pods.contains(&&h.by)).map(|h| share_of(&h.kind, &g.table)).sum::<u32>())
         .sum();
     let age = pods.iter().map(|p| movable.get(*p).map_or(0, |m| m.created)).sum();
-    Cost { pods: pods.len(), share, age: Reverse(age) }
+    let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
+    let room = Reverse(room_after(&nodes[node], room, want, &gone));
+    Cost { pods: pods.len(), share, room, age: Reverse(age) }
 }
 
 /// Every subset of `0..n` of size `size`, as index lists.
@@ -358,7 +465,7 @@ pub fn plan(
     let mut candidates = 0;
     for size in 0..=bounds.max_pods {
         // Every plan of this size whose room then holds the waiting pod, cheapest first.
-        let mut sized: Vec<(Cost, usize, Vec<&String>, Vec<DeviceRef>)> = Vec::new();
+        let mut sized: Vec<(Cost, usize, Vec<&String>)> = Vec::new();
         for (r, room) in rooms.iter().enumerate() {
             let picks = match want {
                 Want::Whole(_) if room.pods.len() == size => vec![(0..size).collect()],
@@ -368,13 +475,13 @@ pub fn plan(
             for pick in picks {
                 let pods: Vec<&String> = pick.iter().map(|&i| &room.pods[i]).collect();
                 let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
-                if let Some(b) = beneficiary(&nodes[room.node], &room.gpus, want, &gone) {
-                    sized.push((cost(nodes, &pods, movable), r, pods, b));
+                if fits(&nodes[room.node], &room.gpus, want, &gone) {
+                    sized.push((cost(nodes, room.node, &room.gpus, want, &pods, movable), r, pods));
                 }
             }
         }
-        sized.sort_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
-        for (c, r, pods, b) in sized {
+        sized.sort_by(|a, b| (&a.0, a.1, &a.2).cmp(&(&b.0, b.1, &b.2)));
+        for (c, r, pods) in sized {
             if candidates == bounds.max_candidates {
                 return Search { plan: None, candidates, cut: true };
             }
@@ -382,11 +489,12 @@ pub fn plan(
             let room = &rooms[r];
             let Some(moves) = replace(nodes, room, &pods, movable) else { continue };
             let node = &nodes[room.node];
+            let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
             return Search {
                 plan: Some(Plan {
                     node: node.name.clone(),
                     room: room.gpus.iter().map(|&g| node.gpus[g].index).collect(),
-                    beneficiary: b,
+                    beneficiary: hand_out(node, &room.gpus, want, &gone),
                     moves,
                     cost: c,
                 }),

@@ -84,7 +84,12 @@ fn shell_word(s: &str) -> String {
     }
 }
 
-/// The descheduler's policy for the GPU pools, as the ConfigMap the descheduler reads.
+/// The descheduler's policy for the GPU pools, as the ConfigMap the descheduler reads: only the
+/// plugins that empty a node made dedicated of the pods that no longer belong there (required
+/// node affinity, the dedicated taint). No balance plugin: LowNodeUtilization moves GPU pods from
+/// busy nodes to nearly idle ones, spreading them — the opposite of packing, and it would take
+/// the idle node a tensor-parallel pod needs. Moving pods to make room needs GPUs and slices
+/// ([`crate::defrag`]).
 fn descheduler_policy() -> String {
     let key = DEDICATED_TAINT.split(':').next().unwrap_or(DEDICATED_TAINT);
     format!(
@@ -111,20 +116,11 @@ data:
             args:
               includedTaints:
                 - "{key}"
-          - name: "LowNodeUtilization"
-            args:
-              thresholds:
-                "nvidia.com/gpu": 20
-              targetThresholds:
-                "nvidia.com/gpu": 70
         plugins:
           deschedule:
             enabled:
               - "RemovePodsViolatingNodeAffinity"
               - "RemovePodsViolatingNodeTaints"
-          balance:
-            enabled:
-              - "LowNodeUtilization"
 "#
     )
 }

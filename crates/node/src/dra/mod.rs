@@ -3,7 +3,7 @@
 //! so the order is gpupart's placement decision ([`order`]); [`devices`] names the devices and
 //! the counters they consume; [`publish`] gives each its attributes and its group; [`slices`] lays
 //! them out in ResourceSlices within the API's limits; [`unavailable`] finds the devices only a
-//! device taint can refuse. [`driver`] prepares and unprepares claims through the
+//! device taint can refuse, and [`reservation`] the room held for a waiting claim. [`driver`] prepares and unprepares claims through the
 //! backend, with its [`checkpoint`] and [`cdi`] specs.
 
 pub mod cdi;
@@ -12,6 +12,7 @@ pub mod devices;
 pub mod driver;
 pub mod order;
 pub mod publish;
+pub mod reservation;
 pub mod slices;
 pub mod unavailable;
 
