@@ -8,8 +8,8 @@
 //! returned.
 //!
 //! The plan is the cheapest: fewest pods, then the least GPU share (memory slices), then the
-//! most room the node keeps (as the publication order ranks placements), then the youngest
-//! pods. Only pods holding a device on the room's GPUs move (never a chain of moves), and
+//! most room the nodes keep once it is carried out (as the publication order ranks placements),
+//! then the youngest pods. Only pods holding a device on the room's GPUs move (never a chain of moves), and
 //! never a pod whose replacement could take the room itself (a pod holding the profile the waiting
 //! pod asks for, or a whole GPU when it asks for whole GPUs): the reservation leaves those
 //! devices allocatable, so the replacement and the waiting pod would race for them.
@@ -95,9 +95,10 @@ pub struct Cost {
     pub pods: usize,
     /// Their GPU share, in memory slices.
     pub share: u32,
-    /// The room the node keeps once the pods left and the waiting pod took its devices, reversed
-    /// (more room costs less): how many more instances of each profile, largest first, its GPUs
-    /// could take — as the publication order ranks placements.
+    /// The room the nodes keep once the plan is carried out (the pods left, the waiting pod took
+    /// its devices, the replacements landed), reversed (more room costs less): how many more
+    /// instances of each profile, largest first, their GPUs could take — as the publication order
+    /// ranks placements.
     pub room: Reverse<Vec<u32>>,
     /// Their creation times summed, reversed (younger pods cost less).
     pub age: Reverse<i64>,
@@ -335,30 +336,40 @@ fn replace(nodes: &[Node], room: &Room, pods: &[&String], movable: &BTreeMap<Str
     Some(moves)
 }
 
-/// The room `node` keeps once `gone` left and the waiting pod took the room (see [`Cost::room`]).
-fn room_after(node: &Node, room: &[usize], want: &Want, gone: &BTreeSet<&str>) -> Vec<u32> {
-    let mut views: Vec<GpuView> = node.gpus.iter().map(|g| view(g, gone)).collect();
-    match want {
-        Want::Whole(_) => room.iter().for_each(|&g| views[g].whole_taken = true),
-        Want::Mig(_) => {
-            for d in hand_out(node, room, want, gone) {
-                if let (Some(v), DeviceKind::Mig { profile_id, placement }) =
-                    (views.iter_mut().find(|v| v.index == d.gpu), d.kind)
-                {
-                    v.occupied.push((profile_id, placement));
-                }
+/// The room the nodes keep once the plan is carried out (see [`Cost::room`]): `gone` left, the
+/// waiting pod took `beneficiary` on `nodes[node]`, and each moved pod's replacement landed.
+fn room_after(
+    nodes: &[Node],
+    node: usize,
+    beneficiary: &[DeviceRef],
+    gone: &BTreeSet<&str>,
+    moves: &[Move],
+) -> Vec<u32> {
+    let mut views: Vec<Vec<GpuView>> = nodes.iter().map(|n| n.gpus.iter().map(|g| view(g, gone)).collect()).collect();
+    let mut take = |n: usize, d: &DeviceRef| {
+        if let Some(v) = views[n].iter_mut().find(|v| v.index == d.gpu) {
+            match d.kind {
+                DeviceKind::Gpu => v.whole_taken = true,
+                DeviceKind::Mig { profile_id, placement } => v.occupied.push((profile_id, placement)),
             }
         }
+    };
+    beneficiary.iter().for_each(|d| take(node, d));
+    for m in moves {
+        if let Some(n) = nodes.iter().position(|x| x.name == m.to) {
+            m.devices.iter().for_each(|d| take(n, d));
+        }
     }
-    let mut sizes: Vec<(Reverse<u32>, Reverse<u32>, String)> = node
-        .gpus
+    let mut sizes: Vec<(Reverse<u32>, Reverse<u32>, String)> = nodes
         .iter()
+        .flat_map(|n| &n.gpus)
         .flat_map(|g| {
             g.table.profiles.iter().map(|p| (Reverse(p.memory_slices), Reverse(p.slices), p.name.to_string()))
         })
         .collect();
     sizes.sort();
     sizes.dedup();
+    let views: Vec<&GpuView> = views.iter().flatten().filter(|v| !v.whole_taken).collect();
     let occupancies: Vec<Occupancy> =
         views.iter().map(|v| Occupancy::of(&v.table, v.occupied.iter().copied())).collect();
     sizes
@@ -367,7 +378,6 @@ fn room_after(node: &Node, room: &[usize], want: &Want, gone: &BTreeSet<&str>) -
             views
                 .iter()
                 .zip(&occupancies)
-                .filter(|(v, _)| !v.whole_taken)
                 .flat_map(|(v, occ)| {
                     v.table
                         .profiles
@@ -380,24 +390,15 @@ fn room_after(node: &Node, room: &[usize], want: &Want, gone: &BTreeSet<&str>) -
         .collect()
 }
 
-/// What moving `pods` to make `room` (GPU positions on `nodes[node]`) costs.
-fn cost(
-    nodes: &[Node],
-    node: usize,
-    room: &[usize],
-    want: &Want,
-    pods: &[&String],
-    movable: &BTreeMap<String, Movable>,
-) -> Cost {
+/// What moving `pods` costs, the room it leaves aside (known once the plan is simulated).
+fn cost(nodes: &[Node], pods: &[&String], movable: &BTreeMap<String, Movable>) -> Cost {
     let share = nodes
         .iter()
         .flat_map(|n| &n.gpus)
         .map(|g| g.held.iter().filter(|h| pods.contains(&&h.by)).map(|h| share_of(&h.kind, &g.table)).sum::<u32>())
         .sum();
     let age = pods.iter().map(|p| movable.get(*p).map_or(0, |m| m.created)).sum();
-    let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
-    let room = Reverse(room_after(&nodes[node], room, want, &gone));
-    Cost { pods: pods.len(), share, room, age: Reverse(age) }
+    Cost { pods: pods.len(), share, room: Reverse(Vec::new()), age: Reverse(age) }
 }
 
 /// Every subset of `0..n` of size `size`, as index lists.
@@ -476,31 +477,44 @@ pub fn plan(
                 let pods: Vec<&String> = pick.iter().map(|&i| &room.pods[i]).collect();
                 let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
                 if fits(&nodes[room.node], &room.gpus, want, &gone) {
-                    sized.push((cost(nodes, room.node, &room.gpus, want, &pods, movable), r, pods));
+                    sized.push((cost(nodes, &pods, movable), r, pods));
                 }
             }
         }
         sized.sort_by(|a, b| (&a.0, a.1, &a.2).cmp(&(&b.0, b.1, &b.2)));
-        for (c, r, pods) in sized {
-            if candidates == bounds.max_candidates {
-                return Search { plan: None, candidates, cut: true };
+        // Tier by tier of (pods, share): every plan of the tier is simulated and the one that
+        // leaves the most room (then moves the youngest pods) wins.
+        let mut from = 0;
+        while from < sized.len() {
+            let tier = (sized[from].0.pods, sized[from].0.share);
+            let to = sized[from..].iter().position(|x| (x.0.pods, x.0.share) != tier).map_or(sized.len(), |i| from + i);
+            let mut best: Option<Plan> = None;
+            for (c, r, pods) in &sized[from..to] {
+                if candidates == bounds.max_candidates {
+                    return Search { plan: best, candidates, cut: true };
+                }
+                candidates += 1;
+                let room = &rooms[*r];
+                let Some(moves) = replace(nodes, room, pods, movable) else { continue };
+                let node = &nodes[room.node];
+                let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
+                let beneficiary = hand_out(node, &room.gpus, want, &gone);
+                let mut cost = c.clone();
+                cost.room = Reverse(room_after(nodes, room.node, &beneficiary, &gone, &moves));
+                if best.as_ref().is_none_or(|b| cost < b.cost) {
+                    best = Some(Plan {
+                        node: node.name.clone(),
+                        room: room.gpus.iter().map(|&g| node.gpus[g].index).collect(),
+                        beneficiary,
+                        moves,
+                        cost,
+                    });
+                }
             }
-            candidates += 1;
-            let room = &rooms[r];
-            let Some(moves) = replace(nodes, room, &pods, movable) else { continue };
-            let node = &nodes[room.node];
-            let gone: BTreeSet<&str> = pods.iter().map(|p| p.as_str()).collect();
-            return Search {
-                plan: Some(Plan {
-                    node: node.name.clone(),
-                    room: room.gpus.iter().map(|&g| node.gpus[g].index).collect(),
-                    beneficiary: hand_out(node, &room.gpus, want, &gone),
-                    moves,
-                    cost: c,
-                }),
-                candidates,
-                cut: false,
-            };
+            if best.is_some() {
+                return Search { plan: best, candidates, cut: false };
+            }
+            from = to;
         }
     }
     Search { plan: None, candidates, cut: false }

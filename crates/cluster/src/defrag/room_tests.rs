@@ -248,7 +248,8 @@ fn oracle(nodes: &[Node], want: &Want, movable: &BTreeMap<String, Movable>, max_
                     }
                 };
                 let r = Room { node: n, gpus: room.clone(), pods: Vec::new() };
-                if fits && replace(nodes, &r, &chosen, movable).is_some() {
+                let moves = if fits { replace(nodes, &r, &chosen, movable) } else { None };
+                if let Some(moves) = moves {
                     let share: u32 = nodes
                         .iter()
                         .flat_map(|x| &x.gpus)
@@ -258,7 +259,8 @@ fn oracle(nodes: &[Node], want: &Want, movable: &BTreeMap<String, Movable>, max_
                         .sum();
                     let age: i64 = chosen.iter().map(|p| movable[*p].created).sum();
                     let gone: BTreeSet<&str> = chosen.iter().map(|p| p.as_str()).collect();
-                    let room = Reverse(room_after(node, &room, want, &gone));
+                    let beneficiary = hand_out(node, &room, want, &gone);
+                    let room = Reverse(room_after(nodes, n, &beneficiary, &gone, &moves));
                     let c = Cost { pods: chosen.len(), share, room, age: Reverse(age) };
                     best = Some(best.map_or(c.clone(), |b| b.min(c)));
                 }
