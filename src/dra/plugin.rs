@@ -179,18 +179,11 @@ pub async fn publish_loop(
             };
             let mut unavailable = unavailable(&views, &d.claimed_views(&states, &claimed));
             // Room the controller reserved for a waiting claim: what it cannot use is tainted.
-            let reservation = me.node_view.view().annotations.get(reservation::ANNOTATION).cloned();
-            let mut problem = None;
-            if let Some(text) = reservation {
-                match reservation::Reservation::read(&text, tables) {
-                    Ok(r) => {
-                        for (d, why) in r.unavailable(now_secs(), tables) {
-                            unavailable.entry(d).or_insert(why);
-                        }
-                    }
-                    Err(e) => problem = Some(e.to_string()),
-                }
+            let (reserved, problem) = reservation::reserved(&me.node_view.view().annotations, now_secs(), tables);
+            for (d, why) in reserved {
+                unavailable.entry(d).or_insert(why);
             }
+            let problem = problem.map(|e| e.to_string());
             let mut last = me.bad_reservation.lock().unwrap_or_else(|e| e.into_inner());
             if problem != *last {
                 if let Some(p) = &problem {
@@ -238,14 +231,7 @@ pub async fn publish_loop(
             Err(e) => tracing::error!(error = %e, "the publication task failed"),
         }
         // A reservation in force is lifted when it expires, not at the next resync.
-        let expires = node
-            .node_view
-            .view()
-            .annotations
-            .get(reservation::ANNOTATION)
-            .and_then(|t| serde_json::from_str::<reservation::Reservation>(t).ok())
-            .map(|r| r.until - now_secs())
-            .filter(|left| *left >= 0)
+        let expires = reservation::expires_in(&node.node_view.view().annotations, now_secs())
             .map(|left| Duration::from_secs(left as u64 + 1));
         tokio::select! {
             _ = node.republish.notified() => {}

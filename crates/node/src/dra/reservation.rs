@@ -99,6 +99,27 @@ impl Reservation {
     }
 }
 
+/// The devices the node's reservation (in its `annotations`) makes unavailable at `now`, and why
+/// the annotation could not be used, if it could not.
+pub fn reserved<'a>(
+    annotations: &BTreeMap<String, String>,
+    now: i64,
+    table_of: impl Fn(u32) -> Option<&'a ProfileTable> + Copy,
+) -> (BTreeMap<DeviceRef, String>, Option<ReservationError>) {
+    match annotations.get(ANNOTATION).map(|text| Reservation::read(text, table_of)) {
+        None => (BTreeMap::new(), None),
+        Some(Ok(r)) => (r.unavailable(now, table_of), None),
+        Some(Err(e)) => (BTreeMap::new(), Some(e)),
+    }
+}
+
+/// Seconds until the node's reservation expires, while it is in force.
+pub fn expires_in(annotations: &BTreeMap<String, String>, now: i64) -> Option<i64> {
+    let text = annotations.get(ANNOTATION)?;
+    let r: Reservation = serde_json::from_str(text).ok()?;
+    Some(r.until - now).filter(|left| *left >= 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +148,11 @@ mod tests {
         assert_eq!(Reservation::read(&bad, tables), Err(ReservationError::NoSuchProfile("9g.90gb".into(), 1)));
         let e = Reservation::read("{", tables).expect_err("not JSON");
         assert!(e.to_string().contains(ANNOTATION), "{e}");
+        let on_node = BTreeMap::from([(ANNOTATION.to_string(), text.to_string())]);
+        assert_eq!(reserved(&on_node, 999, tables).0.len(), every.len() - 1);
+        assert_eq!((expires_in(&on_node, 990), expires_in(&on_node, 1001)), (Some(10), None));
+        let bad = BTreeMap::from([(ANNOTATION.to_string(), "{".to_string())]);
+        assert!(matches!(reserved(&bad, 0, tables), (m, Some(ReservationError::Malformed(_))) if m.is_empty()));
+        assert_eq!(reserved(&BTreeMap::new(), 0, tables), (BTreeMap::new(), None));
     }
 }
