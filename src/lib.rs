@@ -14,6 +14,7 @@ pub use gpupart_node::{
 
 pub mod agent;
 pub mod cli;
+pub mod clock;
 pub mod commands;
 pub mod controller;
 pub mod dra;

@@ -20,10 +20,6 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-fn now_secs() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
 /// Runs the controller until SIGTERM/SIGINT.
 pub fn run(a: &ControllerArgs) -> anyhow::Result<ExitCode> {
     a.pools()?;
@@ -207,7 +203,7 @@ async fn one_batch(
     opts: &Options,
     memory: &mut Memory,
 ) -> anyhow::Result<()> {
-    let now = now_secs();
+    let now = crate::clock::now_secs();
     let layouts = cluster.layouts().await.with_context(|| format!("reading ConfigMap {}", a.layouts_configmap))?;
     if layouts.paused != memory.paused {
         tracing::info!(paused = layouts.paused, configmap = %a.layouts_configmap, "the controller's off switch changed");

@@ -138,10 +138,6 @@ impl ClaimHandler for Arc<DraNode> {
     }
 }
 
-fn now_secs() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
 /// Publishes now and whenever woken (or every `resync`); marks the plugin ready after the first
 /// publication.
 pub async fn publish_loop(
@@ -179,7 +175,8 @@ pub async fn publish_loop(
             };
             let mut unavailable = unavailable(&views, &d.claimed_views(&states, &claimed));
             // Room the controller reserved for a waiting claim: what it cannot use is tainted.
-            let (reserved, problem) = reservation::reserved(&me.node_view.view().annotations, now_secs(), tables);
+            let (reserved, problem) =
+                reservation::reserved(&me.node_view.view().annotations, crate::clock::now_secs(), tables);
             for (d, why) in reserved {
                 unavailable.entry(d).or_insert(why);
             }
@@ -231,7 +228,7 @@ pub async fn publish_loop(
             Err(e) => tracing::error!(error = %e, "the publication task failed"),
         }
         // A reservation in force is lifted when it expires, not at the next resync.
-        let expires = reservation::expires_in(&node.node_view.view().annotations, now_secs())
+        let expires = reservation::expires_in(&node.node_view.view().annotations, crate::clock::now_secs())
             .map(|left| Duration::from_secs(left as u64 + 1));
         tokio::select! {
             _ = node.republish.notified() => {}

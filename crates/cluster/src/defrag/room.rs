@@ -521,5 +521,4 @@ pub fn plan(
 }
 
 #[cfg(test)]
-#[path = "room_tests.rs"]
 mod tests;
