@@ -384,6 +384,47 @@ pub struct ControllerArgs {
     /// The dedicated pool's taint, `key=value:Effect` (set when the controller dedicates a node).
     #[arg(long, value_name = "TAINT", default_value = gpupart_cluster::pools::DEFAULT_DEDICATED_TAINT)]
     pub dedicated_taint: String,
+    /// Defragmentation by moving pods (docs/defrag.md).
+    #[command(flatten)]
+    pub defrag: DefragArgs,
+}
+
+/// `gpupart controller --defrag` and its limits.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DefragArgs {
+    /// Make room for a pod that waits by evicting the fewest movable pods (off by default; with
+    /// --dry-run the plans are logged and nothing is evicted).
+    #[arg(long)]
+    pub defrag: bool,
+    /// Namespaces whose pods may be moved without the `gpupart.io/movable: "true"` annotation
+    /// (comma-separated).
+    #[arg(long, value_name = "NS,...", value_delimiter = ',')]
+    pub defrag_namespaces: Vec<String>,
+    /// Pods with this priority or higher are never moved.
+    #[arg(long, value_name = "PRIORITY", default_value_t = 1000, allow_negative_numbers = true)]
+    pub defrag_max_priority: i32,
+    /// Pods younger than this are never moved.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub defrag_min_age: std::time::Duration,
+    /// Evictions per hour, cluster-wide.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub defrag_max_evictions: u32,
+    /// Evictions per hour on one node.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub defrag_max_evictions_per_node: u32,
+    /// Most pods one plan moves.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub defrag_max_pods: u32,
+    /// The waiting pod must be bound into the room this long after the plan starts, or the room
+    /// is released and the plan counts as failed.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub defrag_confirm_timeout: std::time::Duration,
+    /// After a failed plan, no new plan for the same pod for this long.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub defrag_cooldown: std::time::Duration,
+    /// The DRA driver whose nodes are defragmented (`gpupart agent --dra --driver-name`).
+    #[arg(long, value_name = "NAME", default_value = crate::dra::DEFAULT_DRIVER)]
+    pub dra_driver: String,
 }
 
 impl ControllerArgs {

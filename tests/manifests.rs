@@ -90,6 +90,10 @@ fn controller_manifest_has_the_agreed_shape_and_least_privilege() {
     assert!(can("PATCH", "/api/v1/namespaces/gpupart-system/configmaps/gpupart-config"));
     assert!(can("PUT", "/apis/coordination.k8s.io/v1/namespaces/gpupart-system/leases/gpupart-controller"));
     assert!(!can("DELETE", "/api/v1/nodes/gpu-a"));
+    assert!(can("POST", "/api/v1/namespaces/serving/pods/llm-0/eviction"));
+    assert!(can("GET", "/apis/resource.k8s.io/v1/resourceclaims?watch=true&resourceVersion=1"));
+    assert!(!can("DELETE", "/api/v1/namespaces/serving/pods/llm-0"));
+    assert!(!can("PATCH", "/apis/resource.k8s.io/v1/namespaces/serving/resourceclaims/c"));
     assert!(!can("PATCH", "/api/v1/namespaces/serving/pods/llm-0"));
     assert!(!can("GET", "/api/v1/namespaces/gpupart-system/secrets/x"));
     assert!(!can("PATCH", "/api/v1/namespaces/gpupart-system/configmaps/other"));

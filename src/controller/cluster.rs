@@ -8,6 +8,7 @@ use crate::kube::outage::Outage;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
@@ -68,6 +69,26 @@ pub struct Cluster {
     pods: Store<Pod>,
     layouts: ObjectName,
     identity: String,
+    dra: Option<DraStores>,
+}
+
+/// The DRA objects as the caches hold them.
+#[derive(Debug, Clone, Default)]
+pub struct DraObjects {
+    /// Every ResourceSlice.
+    pub slices: Vec<ResourceSlice>,
+    /// Every ResourceClaim.
+    pub claims: Vec<ResourceClaim>,
+    /// Every DeviceClass.
+    pub classes: Vec<DeviceClass>,
+}
+
+/// What the defragmenter watches on DRA nodes.
+#[derive(Clone)]
+struct DraStores {
+    slices: Store<ResourceSlice>,
+    claims: Store<ResourceClaim>,
+    classes: Store<DeviceClass>,
 }
 
 /// Watches `api` (narrowed by `config`) into a store; `changed` hears of every event
@@ -117,18 +138,23 @@ where
 }
 
 impl Cluster {
-    /// Starts the watches; `changed` hears of every change of a Node or a GPU pod.
+    /// Starts the watches; `changed` hears of every change of a Node or a GPU pod (with `dra`,
+    /// also of pods that use ResourceClaims, and of ResourceSlices and ResourceClaims, watched
+    /// for the defragmenter).
     pub fn start(
         client: Client,
         layouts: ObjectName,
         identity: String,
         changed: mpsc::Sender<()>,
         mps_resource: String,
+        dra: bool,
     ) -> Self {
         let all = watcher::Config::default;
         let nodes =
             spawn_watch(Api::<Node>::all(client.clone()), all(), "watching the nodes", changed.clone(), |_| true);
-        let gpu_pod = move |p: &Pod| !matches!(pods::read(p, &mps_resource), Ok(None));
+        let uses_claims =
+            |p: &Pod| p.spec.as_ref().is_some_and(|s| s.resource_claims.as_ref().is_some_and(|c| !c.is_empty()));
+        let gpu_pod = move |p: &Pod| !matches!(pods::read(p, &mps_resource), Ok(None)) || (dra && uses_claims(p));
         let pods = spawn_watch(Api::<Pod>::all(client.clone()), all(), "watching the pods", changed.clone(), gpu_pod);
         // The off switch on the layouts ConfigMap takes effect at once, on and off (its other
         // changes, the controller's own layout writes among them, start no batch).
@@ -142,13 +168,51 @@ impl Cluster {
         };
         let by_name = all().fields(&format!("metadata.name={}", layouts.name));
         let cms = Api::<ConfigMap>::namespaced(client.clone(), &layouts.namespace);
-        let _switch: Store<ConfigMap> = spawn_watch(cms, by_name, "watching the layouts ConfigMap", changed, switched);
-        Self { client, nodes, pods, layouts, identity }
+        let _switch: Store<ConfigMap> =
+            spawn_watch(cms, by_name, "watching the layouts ConfigMap", changed.clone(), switched);
+        let dra = dra.then(|| DraStores {
+            slices: spawn_watch(
+                Api::all(client.clone()),
+                all(),
+                "watching the ResourceSlices",
+                changed.clone(),
+                |_| true,
+            ),
+            claims: spawn_watch(
+                Api::all(client.clone()),
+                all(),
+                "watching the ResourceClaims",
+                changed.clone(),
+                |_| true,
+            ),
+            classes: spawn_watch(Api::all(client.clone()), all(), "watching the DeviceClasses", changed, |_| false),
+        });
+        Self { client, nodes, pods, layouts, identity, dra }
     }
 
-    /// Waits until both caches hold a first full list.
+    /// Waits until the caches hold a first full list.
     pub async fn ready(&self) -> bool {
-        self.nodes.wait_until_ready().await.is_ok() && self.pods.wait_until_ready().await.is_ok()
+        let dra = match &self.dra {
+            Some(d) => {
+                d.slices.wait_until_ready().await.is_ok()
+                    && d.claims.wait_until_ready().await.is_ok()
+                    && d.classes.wait_until_ready().await.is_ok()
+            }
+            None => true,
+        };
+        self.nodes.wait_until_ready().await.is_ok() && self.pods.wait_until_ready().await.is_ok() && dra
+    }
+
+    /// Every ResourceSlice, ResourceClaim and DeviceClass (empty unless started with `dra`).
+    pub fn dra(&self) -> DraObjects {
+        match &self.dra {
+            Some(d) => DraObjects {
+                slices: d.slices.state().iter().map(|x| (**x).clone()).collect(),
+                claims: d.claims.state().iter().map(|x| (**x).clone()).collect(),
+                classes: d.classes.state().iter().map(|x| (**x).clone()).collect(),
+            },
+            None => DraObjects::default(),
+        }
     }
 
     /// Every Node.

@@ -29,7 +29,17 @@ pub struct ControllerMetrics {
     leader: F64,
     last_batch: F64,
     paused: F64,
+    defrag_evictions: Family<Labels, Counter>,
+    defrag_plans: Family<Labels, Counter>,
+    defrag_served: Counter,
+    defrag_wait: Histogram,
 }
+
+/// Outcomes of an eviction (`gpupart_controller_defrag_evictions_total`).
+pub const EVICTION_OUTCOMES: &[&str] = &["evicted", "gone", "blocked", "refused", "error"];
+/// Outcomes of a defragmentation plan (`gpupart_controller_defrag_plans_total`).
+pub const PLAN_OUTCOMES: &[&str] =
+    &["started", "dry_run", "served", "served_elsewhere", "expired", "blocked", "refused", "abandoned", "no_plan"];
 
 impl Default for ControllerMetrics {
     fn default() -> Self {
@@ -82,6 +92,32 @@ impl ControllerMetrics {
         r.register("last_batch_timestamp_seconds", "Unix time of the last decision batch", last_batch.clone());
         let paused = F64::default();
         r.register("paused", "1 while the off switch on the layouts ConfigMap is set", paused.clone());
+        let defrag_evictions = Family::<Labels, Counter>::default();
+        r.register(
+            "defrag_evictions",
+            "Evictions asked to make room for a waiting pod, by outcome (evicted, gone, blocked by a budget, refused, error)",
+            defrag_evictions.clone(),
+        );
+        for o in EVICTION_OUTCOMES {
+            let _ = defrag_evictions.get_or_create(&vec![("outcome".into(), (*o).into())]);
+        }
+        let defrag_plans = Family::<Labels, Counter>::default();
+        r.register(
+            "defrag_plans",
+            "Defragmentation plans by outcome (started, dry_run, served, served_elsewhere, expired, blocked, refused, abandoned, no_plan)",
+            defrag_plans.clone(),
+        );
+        for o in PLAN_OUTCOMES {
+            let _ = defrag_plans.get_or_create(&vec![("outcome".into(), (*o).into())]);
+        }
+        let defrag_served = Counter::default();
+        r.register("defrag_pods_served", "Waiting pods bound into the room a plan made", defrag_served.clone());
+        let defrag_wait = Histogram::new([10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]);
+        r.register(
+            "defrag_wait_seconds",
+            "From a pod becoming unschedulable to its being bound into the room a plan made",
+            defrag_wait.clone(),
+        );
         Self {
             registry: r,
             lock: Mutex::new(()),
@@ -95,6 +131,26 @@ impl ControllerMetrics {
             leader,
             last_batch,
             paused,
+            defrag_evictions,
+            defrag_plans,
+            defrag_served,
+            defrag_wait,
+        }
+    }
+
+    /// Counts an eviction's outcome.
+    pub fn eviction(&self, outcome: &str) {
+        let _g = self.guard();
+        self.defrag_evictions.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
+    }
+
+    /// Counts a plan's outcome; a served one also records how long its pod waited.
+    pub fn plan(&self, outcome: &str, waited: Option<f64>) {
+        let _g = self.guard();
+        self.defrag_plans.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
+        if let Some(w) = waited {
+            self.defrag_served.inc();
+            self.defrag_wait.observe(w);
         }
     }
 

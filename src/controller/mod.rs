@@ -10,6 +10,7 @@
 pub use gpupart_cluster::controller::{capacity, decide, fit, gpu_options, layouts, nodes, patch, pods};
 
 pub mod cluster;
+pub mod defrag;
 pub mod evict;
 pub mod lease;
 pub mod metrics;

@@ -48,6 +48,8 @@ struct Memory {
     told: BTreeMap<String, &'static str>,
     /// Whether the last batch found the controller paused.
     paused: bool,
+    /// The defragmenter (`--defrag`).
+    defrag: Option<super::defrag::Defrag>,
 }
 
 async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
@@ -66,7 +68,14 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
 
     let me = identity(&a);
     let (tx, mut rx) = mpsc::channel::<()>(1);
-    let cluster = Cluster::start(client.clone(), a.layouts_configmap.clone(), me.clone(), tx, a.mps_resource.clone());
+    let cluster = Cluster::start(
+        client.clone(),
+        a.layouts_configmap.clone(),
+        me.clone(),
+        tx,
+        a.mps_resource.clone(),
+        a.defrag.defrag,
+    );
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     tokio::select! {
@@ -86,6 +95,10 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
     let mut renew_tick = tokio::time::interval(renew);
     let mut resync = tokio::time::interval(a.resync_interval.max(Duration::from_millis(100)));
     let mut memory = Memory::default();
+    if a.defrag.defrag {
+        let evictions = crate::kube::client_without_retries().await?;
+        memory.defrag = Some(super::defrag::Defrag::new(evictions, &a.defrag, a.dry_run));
+    }
     let opts = Options {
         max_concurrent_nodes: a.max_concurrent_nodes as usize,
         cooldown_secs: a.cooldown.as_secs() as i64,
@@ -266,6 +279,9 @@ async fn one_batch(
         cluster.event(&pod_ref(ns, name, uid), true, "NotServed", "Repartition", &n.reason).await;
     }
     memory.told.retain(|k, _| still.contains(k));
+    if let Some(d) = memory.defrag.as_mut() {
+        d.step(cluster, elector, metrics, now).await;
+    }
     Ok(())
 }
 

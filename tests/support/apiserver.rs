@@ -35,6 +35,7 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
     ("resourceslices", "resource.k8s.io/v1", "ResourceSlice", false),
     ("resourceclaims", "resource.k8s.io/v1", "ResourceClaim", true),
     ("deviceclasses", "resource.k8s.io/v1", "DeviceClass", false),
+    ("resourceclaimtemplates", "resource.k8s.io/v1", "ResourceClaimTemplate", true),
     ("poddisruptionbudgets", "policy/v1", "PodDisruptionBudget", true),
     ("replicasets", "apps/v1", "ReplicaSet", true),
 ];

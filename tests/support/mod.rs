@@ -7,6 +7,7 @@ pub mod apiserver;
 pub mod baremetal;
 pub mod controller_rig;
 pub mod disruption;
+pub mod dra_cluster;
 pub mod dra_kubelet;
 pub mod dra_rig;
 pub mod grpc_dial;

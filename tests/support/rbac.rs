@@ -108,7 +108,12 @@ pub fn attributes(method: &str, path: &str) -> Attributes {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest.to_vec()),
         _ => (None, rest),
     };
-    let resource = rest.first().unwrap_or(&"").to_string();
+    // As the API server's RequestInfoFactory: `<resource>/<name>/<subresource>`, which RBAC
+    // rules name `<resource>/<subresource>` (`pods/eviction`).
+    let resource = match rest.get(2) {
+        Some(sub) => format!("{}/{sub}", rest[0]),
+        None => rest.first().unwrap_or(&"").to_string(),
+    };
     let mut name = rest.get(1).map(|s| s.to_string());
     let param = |k: &str| {
         query.split('&').find_map(|kv| kv.split_once('=').filter(|(key, _)| *key == k).map(|(_, v)| v.to_string()))

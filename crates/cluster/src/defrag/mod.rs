@@ -3,5 +3,6 @@
 //! where the moved pods go ([`room`]). The controller's binary side evicts through the Eviction
 //! API.
 
+pub mod dra_world;
 pub mod movable;
 pub mod room;
