@@ -24,6 +24,7 @@ use gpupart::controller::layouts::generate;
 use gpupart::controller::nodes::{GpuNode, RECLAIM_LAYOUT};
 use gpupart::controller::patch::node_patch;
 use gpupart::controller::pods::{GpuPod, Resource, Standing, DEDICATED_TAINT_KEY};
+use gpupart::defrag::movable::{MoveRules, Owner};
 use gpupart::fleet::current::{CurrentGpu, CurrentInstance};
 use gpupart::fleet::report::{GpuSpec, LAYOUT_LABEL, POOL_LABEL};
 use gpupart::kube::keys::{STATE_LABEL, STATE_LAYOUT};
@@ -63,6 +64,8 @@ struct TracePod {
     resource: Resource,
     count: u32,
     tp: bool,
+    /// The replacement of a pod moved by `--defrag` (its wait is the move's cost, not demand).
+    moved: bool,
 }
 
 fn trace(peak: f64) -> Vec<TracePod> {
@@ -85,14 +88,21 @@ fn trace(peak: f64) -> Vec<TracePod> {
             } else {
                 p("3g.40gb")
             };
-            out.push(TracePod { arrive: t, life: 30 + (rng.next() * 120.0) as u32, resource: r, count: 1, tp: false });
+            out.push(TracePod {
+                arrive: t,
+                life: 30 + (rng.next() * 120.0) as u32,
+                resource: r,
+                count: 1,
+                tp: false,
+                moved: false,
+            });
         }
     }
     // Tensor-parallel jobs: one every 4 hours, two at once twice, 3 hours each.
     let mut jobs: Vec<u32> = (0..12).map(|k| 60 + k * 240).collect();
     jobs.extend([13 * 60, 37 * 60, 20 * 60 + 30, 44 * 60 + 30]);
     for t in jobs {
-        out.push(TracePod { arrive: t, life: 180, resource: Resource::Gpu, count: 8, tp: true });
+        out.push(TracePod { arrive: t, life: 180, resource: Resource::Gpu, count: 8, tp: true, moved: false });
     }
     out.sort_by_key(|p| p.arrive);
     out
@@ -137,6 +147,7 @@ struct Sim {
     destroyed_for_pools: u64,
     changes: u64,
     idle_since: BTreeMap<String, i64>,
+    evictions: u64,
 }
 
 fn mixed() -> GpuSpec {
@@ -163,6 +174,7 @@ impl Sim {
             destroyed_for_pools: 0,
             changes: 0,
             idle_since: BTreeMap::new(),
+            evictions: 0,
         };
         for i in 0..NODES {
             let dedicated = i >= NODES - DEDICATED;
@@ -297,7 +309,7 @@ impl Sim {
             .collect()
     }
 
-    fn world_pods(&self, t: u32, skip_tp: bool) -> Vec<GpuPod> {
+    fn world_pods(&self, t: u32, skip_tp: bool, defrag: bool) -> Vec<GpuPod> {
         let mut out = Vec::new();
         for (i, p) in self.pods.iter().enumerate() {
             if p.arrive > t || self.ended[i] || (skip_tp && p.tp && self.bound[i].is_none()) {
@@ -322,28 +334,50 @@ impl Sim {
                 scheduler_message: None,
                 priority: 0,
                 created: Some(i64::from(p.arrive) * 60),
+                // With `--defrag`, every small model is a Deployment's replica that opted in.
+                owner: (defrag && !p.tp).then(|| Owner { kind: "ReplicaSet".into(), name: format!("model-{i}") }),
+                movable: (defrag && !p.tp).then(|| "true".to_string()),
             });
         }
         out
     }
 
+    /// Evicts pod `i` at minute `t`: its device is free at once; its replacement (the rest of its
+    /// life) asks for the same resource a restart later.
+    fn evict(&mut self, i: usize, t: u32) {
+        let Some((_, at)) = self.bound[i] else { return };
+        self.free_devices(i);
+        self.ended[i] = true;
+        let p = &self.pods[i];
+        let left = (at + p.life).saturating_sub(t).max(1);
+        self.pods.push(TracePod { arrive: t + RESTART, life: left, moved: true, ..p.clone() });
+        self.bound.push(None);
+        self.ended.push(false);
+        self.evictions += 1;
+    }
+
+    fn free_devices(&mut self, i: usize) {
+        let Some((n, _)) = self.bound[i] else { return };
+        for g in &mut self.nodes[n].gpus {
+            if g.whole == Some(i) {
+                g.whole = None;
+            }
+            for x in &mut g.instances {
+                if x.pod == Some(i) {
+                    x.pod = None;
+                }
+            }
+        }
+    }
+
     fn end_pods(&mut self, t: u32) {
         for i in 0..self.pods.len() {
-            let Some((n, at)) = self.bound[i] else { continue };
+            let Some((_, at)) = self.bound[i] else { continue };
             if self.ended[i] || at + self.pods[i].life > t {
                 continue;
             }
             self.ended[i] = true;
-            for g in &mut self.nodes[n].gpus {
-                if g.whole == Some(i) {
-                    g.whole = None;
-                }
-                for x in &mut g.instances {
-                    if x.pod == Some(i) {
-                        x.pod = None;
-                    }
-                }
-            }
+            self.free_devices(i);
         }
     }
 
@@ -456,9 +490,28 @@ struct Figures {
     destroyed_for_pools: u64,
     changes: u64,
     decide_ms: f64,
+    evictions: u64,
+    moved_wait: f64,
 }
 
-fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pods: &[TracePod]) -> Figures {
+/// How a run is set up: its policy and the controller's flags.
+#[derive(Clone, Copy)]
+struct Setup {
+    policy: Policy,
+    reclaim_after_secs: i64,
+    reserve_for_dedicated: bool,
+    defrag: bool,
+}
+
+/// Minutes a moved pod's replacement takes to start (scheduling, image, model load).
+const RESTART: u32 = 2;
+/// `--defrag-max-evictions`, `--defrag-max-evictions-per-node`: the controller's defaults.
+const MAX_EVICTIONS: usize = 10;
+const MAX_EVICTIONS_PER_NODE: usize = 4;
+
+fn run(setup: Setup, pods: &[TracePod]) -> Figures {
+    let Setup { policy, reclaim_after_secs, reserve_for_dedicated, defrag } = setup;
+    let mut evicted_at: Vec<(u32, String)> = Vec::new();
     let mut sim = Sim::new(pods.to_vec());
     let (mut busy_sum, mut peak, mut decide_ms) = (0.0, 0.0f64, 0.0);
     let total = (NODES * GPUS) as f64;
@@ -467,7 +520,7 @@ fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pod
         sim.bind(t);
         if policy != Policy::Static {
             let nodes = sim.world_nodes(t);
-            let pods = sim.world_pods(t, policy == Policy::Nos);
+            let pods = sim.world_pods(t, policy == Policy::Nos, defrag);
             let opts = match policy {
                 Policy::Nos => Options {
                     max_concurrent_nodes: NODES,
@@ -476,8 +529,14 @@ fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pod
                     mps_replicas: 4,
                     reserve_for_dedicated: false,
                     pools: Pools::default(),
+                    defrag: None,
                 },
-                _ => Options { reclaim_after_secs, reserve_for_dedicated, ..Options::default() },
+                _ => Options {
+                    reclaim_after_secs,
+                    reserve_for_dedicated,
+                    defrag: defrag.then(MoveRules::default),
+                    ..Options::default()
+                },
             };
             if policy == Policy::Controller {
                 idle_clocks(&mut sim.idle_since, &nodes, &pods, i64::from(t) * 60, &Pools::default());
@@ -495,6 +554,19 @@ fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pod
                 }
                 sim.apply(d, t, policy == Policy::Nos);
             }
+            // The moves that empty reserved nodes, within the hourly caps.
+            evicted_at.retain(|(at, _)| at + 60 > t);
+            for drain in &out.drains {
+                for (pod, _) in drain.moves.iter().flatten() {
+                    let here = evicted_at.iter().filter(|(_, n)| *n == drain.node).count();
+                    if evicted_at.len() >= MAX_EVICTIONS || here >= MAX_EVICTIONS_PER_NODE {
+                        break;
+                    }
+                    let Some(i) = pod.strip_prefix("trace/p").and_then(|i| i.parse::<usize>().ok()) else { continue };
+                    sim.evict(i, t);
+                    evicted_at.push((t, drain.node.clone()));
+                }
+            }
         }
         let b = sim.busy_gpus();
         busy_sum += b;
@@ -502,9 +574,12 @@ fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pod
     }
     let mut waits: Vec<u32> = Vec::new();
     let mut tp_waits: Vec<u32> = Vec::new();
+    let mut moved_waits: Vec<u32> = Vec::new();
     let mut unserved = 0;
     for (i, p) in sim.pods.iter().enumerate() {
         match sim.bound[i] {
+            Some((_, at)) if p.moved => moved_waits.push(at - p.arrive + RESTART),
+            None if p.moved => {}
             Some((_, at)) if p.tp => tp_waits.push(at - p.arrive),
             Some((_, at)) => waits.push(at - p.arrive),
             None => unserved += 1,
@@ -525,6 +600,8 @@ fn run(policy: Policy, reclaim_after_secs: i64, reserve_for_dedicated: bool, pod
         destroyed_for_pools: sim.destroyed_for_pools,
         changes: sim.changes,
         decide_ms,
+        evictions: sim.evictions,
+        moved_wait: mean(&moved_waits),
     }
 }
 
@@ -538,19 +615,27 @@ fn main() {
              mix shifting day to night, 30–150 min each), {} tensor-parallel jobs (8 whole GPUs, 3 h each)\n",
             pods.len() - small
         );
-        println!("| policy | GPU utilisation (mean) | peak | pods served | not served by the end | small pods: mean pending min | p95 | TP jobs: mean pending min | instances destroyed | of which for dedicate/reclaim | node changes | decision time s |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| policy | GPU utilisation (mean) | peak | pods served | not served by the end | small pods: mean pending min | p95 | TP jobs: mean pending min | instances destroyed | of which for dedicate/reclaim | node changes | evictions (moved pods: mean min to run again) | decision time s |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let setup = |policy, reclaim_after_secs, reserve_for_dedicated, defrag| Setup {
+            policy,
+            reclaim_after_secs,
+            reserve_for_dedicated,
+            defrag,
+        };
         let rows = [
-            ("static layouts", Policy::Static, 0, false),
-            ("nos-style full repartitioning", Policy::Nos, 0, false),
-            ("gpupart controller (defaults, --reclaim-after 30m)", Policy::Controller, 1800, false),
-            ("gpupart controller --reclaim-after 4h", Policy::Controller, 4 * 3600, false),
-            ("gpupart controller --reserve-for-dedicated", Policy::Controller, 1800, true),
+            ("static layouts", setup(Policy::Static, 0, false, false)),
+            ("nos-style full repartitioning", setup(Policy::Nos, 0, false, false)),
+            ("gpupart controller (defaults, --reclaim-after 30m)", setup(Policy::Controller, 1800, false, false)),
+            ("gpupart controller --reclaim-after 4h", setup(Policy::Controller, 4 * 3600, false, false)),
+            ("gpupart controller --reserve-for-dedicated", setup(Policy::Controller, 1800, true, false)),
+            ("gpupart controller --defrag (small models movable)", setup(Policy::Controller, 1800, false, true)),
+            ("gpupart controller --defrag --reserve-for-dedicated", setup(Policy::Controller, 1800, true, true)),
         ];
-        for (name, policy, reclaim, reserve) in rows {
-            let f = run(policy, reclaim, reserve, &pods);
+        for (name, s) in rows {
+            let f = run(s, &pods);
             println!(
-                "| {name} | {:.1} % | {:.1} % | {} | {} | {:.1} | {:.0} | {:.1} | {} | {} | {} | {:.2} |",
+                "| {name} | {:.1} % | {:.1} % | {} | {} | {:.1} | {:.0} | {:.1} | {} | {} | {} | {} ({:.1}) | {:.2} |",
                 f.utilisation * 100.0,
                 f.peak * 100.0,
                 f.served,
@@ -561,6 +646,8 @@ fn main() {
                 f.destroyed,
                 f.destroyed_for_pools,
                 f.changes,
+                f.evictions,
+                f.moved_wait,
                 f.decide_ms / 1000.0
             );
         }

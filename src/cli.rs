@@ -389,6 +389,17 @@ pub struct ControllerArgs {
     pub defrag: DefragArgs,
 }
 
+impl DefragArgs {
+    /// Which pods may move, as the flags say.
+    pub fn rules(&self) -> gpupart_cluster::defrag::movable::MoveRules {
+        gpupart_cluster::defrag::movable::MoveRules {
+            namespaces: self.defrag_namespaces.iter().filter(|n| !n.is_empty()).cloned().collect(),
+            max_priority: self.defrag_max_priority,
+            min_age_secs: self.defrag_min_age.as_secs() as i64,
+        }
+    }
+}
+
 /// `gpupart controller --defrag` and its limits.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DefragArgs {

@@ -14,6 +14,7 @@ use super::evict::{evict, Eviction};
 use super::lease::Elector;
 use super::metrics::ControllerMetrics;
 use crate::cli::DefragArgs;
+use gpupart_cluster::controller::decide::Drain;
 use gpupart_cluster::defrag::dra_world;
 use gpupart_cluster::defrag::movable::{immovable, MoveRules, Owner, RunningPod};
 use gpupart_cluster::defrag::room::{self, Bounds, Movable, Want};
@@ -55,6 +56,20 @@ struct Campaign {
     /// Adopted from a reservation another replica wrote: the steps are the movable pods found
     /// on the room.
     adopted: bool,
+    /// A label-mode node reserved for a tensor-parallel pod (its taint keeps the replacements
+    /// off; no annotation).
+    label: bool,
+}
+
+impl Campaign {
+    /// The room in words: `one 7g.80gb device on node gpu-1 GPU 0`, `node gpu-a, reserved for it`.
+    fn room(&self) -> String {
+        if self.label {
+            return format!("node {}, reserved for it", self.node);
+        }
+        let r = &self.reservation;
+        format!("{} on node {} {}", words(&r.wants), self.node, gpus_words(&r.gpus))
+    }
 }
 
 /// A plan that failed, for the cooldown.
@@ -179,11 +194,7 @@ fn gpus_words(gpus: &[u32]) -> String {
 impl Defrag {
     /// The defragmenter the flags ask for.
     pub fn new(client: kube::Client, args: &DefragArgs, dry_run: bool) -> Self {
-        let rules = MoveRules {
-            namespaces: args.defrag_namespaces.iter().filter(|n| !n.is_empty()).cloned().collect(),
-            max_priority: args.defrag_max_priority,
-            min_age_secs: args.defrag_min_age.as_secs() as i64,
-        };
+        let rules = args.rules();
         Self {
             client,
             args: args.clone(),
@@ -216,11 +227,20 @@ impl Defrag {
         true
     }
 
-    /// One batch: the plans under way go on or end, then new plans for pods that wait.
-    pub async fn step(&mut self, cluster: &Cluster, elector: &mut Elector, metrics: &ControllerMetrics, now: i64) {
+    /// One batch: the plans under way go on or end, then new plans for pods that wait. `drains`
+    /// are the label-mode nodes the batch's decision found reserved for a tensor-parallel pod.
+    pub async fn step(
+        &mut self,
+        cluster: &Cluster,
+        elector: &mut Elector,
+        metrics: &ControllerMetrics,
+        drains: &[Drain],
+        now: i64,
+    ) {
         self.evictions.retain(|(t, _)| now - t < HOUR);
         let seen = self.read(cluster);
         self.adopt(&seen, now);
+        self.take_drains(cluster, metrics, &seen, drains, now).await;
         let nodes: Vec<String> = self.campaigns.keys().cloned().collect();
         for node in nodes {
             if !elector.is_leader() {
@@ -229,6 +249,87 @@ impl Defrag {
             self.go_on(cluster, elector, metrics, &seen, &node, now).await;
         }
         self.plan_new(cluster, metrics, &seen, now).await;
+    }
+
+    /// Starts a plan for each label-mode node reserved for a tensor-parallel pod whose pods can
+    /// all move now.
+    async fn take_drains(
+        &mut self,
+        cluster: &Cluster,
+        metrics: &ControllerMetrics,
+        seen: &Seen,
+        drains: &[Drain],
+        now: i64,
+    ) {
+        for d in drains {
+            if self.campaigns.contains_key(&d.node) || self.campaigns.values().any(|c| c.waiting == d.for_pod) {
+                continue;
+            }
+            let moves = match &d.moves {
+                Ok(m) => m,
+                Err(why) => {
+                    if self.tell(&d.for_pod, why) {
+                        tracing::info!(pod = %d.for_pod, node = %d.node, reason = %why, "the reserved node cannot be emptied by moving pods now; it converts once its pods end");
+                    }
+                    continue;
+                }
+            };
+            let mut pods: Vec<&str> = moves.iter().map(|(p, _)| p.as_str()).collect();
+            pods.sort_unstable();
+            let signature = format!("{}:{}", d.node, pods.join(","));
+            if let Some(f) = self.failed.get(&d.for_pod) {
+                if f.signature == signature || now - f.at < self.args.defrag_cooldown.as_secs() as i64 {
+                    continue;
+                }
+            }
+            if let Some(why) = self.capped(&d.node, moves.len()) {
+                if self.tell(&d.for_pod, &why) {
+                    tracing::info!(pod = %d.for_pod, reason = %why, "a plan waits for the eviction caps");
+                }
+                continue;
+            }
+            let Some(p) = seen.pods.get(&d.for_pod) else { continue };
+            let words: Vec<String> = moves.iter().map(|(pod, to)| format!("{pod} to node {to}")).collect();
+            let note = format!("moving {} to empty node {}, reserved for it", words.join(", "), d.node);
+            metrics.plan("started", None);
+            tracing::info!(pod = %d.for_pod, node = %d.node, moves = ?words, "defragmenting: {note}");
+            let (ns, name) = d.for_pod.split_once('/').unwrap_or(("default", &d.for_pod));
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            cluster.event(&pod_ref(ns, name, &uid), false, "Defragmenting", "Plan", &note).await;
+            let steps = moves
+                .iter()
+                .map(|(pod, to)| Step {
+                    pod: pod.clone(),
+                    owner: seen.pods.get(pod).and_then(|p| RunningPod::read(p).owner),
+                    to: format!("node {to}"),
+                    next_try: 0,
+                    tries: 0,
+                    blocked: None,
+                    done: false,
+                })
+                .collect();
+            let until = now + self.args.defrag_confirm_timeout.as_secs() as i64;
+            self.told.remove(&d.for_pod);
+            self.campaigns.insert(
+                d.node.clone(),
+                Campaign {
+                    waiting: d.for_pod.clone(),
+                    uid: p.metadata.uid.clone(),
+                    since: waiting_since(p, now),
+                    node: d.node.clone(),
+                    reservation: Reservation {
+                        pod: d.for_pod.clone(),
+                        gpus: Vec::new(),
+                        wants: Wants::Whole(0),
+                        until,
+                    },
+                    steps,
+                    signature,
+                    adopted: false,
+                    label: true,
+                },
+            );
+        }
     }
 
     /// Takes up the reservations found on nodes that this replica did not write (a previous
@@ -261,6 +362,7 @@ impl Defrag {
                     reservation: r,
                     steps: Vec::new(),
                     adopted: true,
+                    label: false,
                 },
             );
         }
@@ -294,23 +396,25 @@ impl Defrag {
             self.end(cluster, metrics, c, end, &why, now).await;
             return;
         }
-        let Some(room) = seen.rooms.iter().find(|r| r.name == c.node) else {
-            self.end(cluster, metrics, c, End::Abandoned, "the node no longer publishes its devices", now).await;
-            return;
-        };
-        if c.adopted && c.steps.is_empty() {
-            match self.steps_on_room(seen, room, &c) {
-                Ok(steps) => c.steps = steps,
-                Err(why) => {
-                    self.end(cluster, metrics, c, End::Abandoned, &why, now).await;
-                    return;
+        if !c.label {
+            let Some(room) = seen.rooms.iter().find(|r| r.name == c.node) else {
+                self.end(cluster, metrics, c, End::Abandoned, "the node no longer publishes its devices", now).await;
+                return;
+            };
+            if c.adopted && c.steps.is_empty() {
+                match self.steps_on_room(seen, room, &c) {
+                    Ok(steps) => c.steps = steps,
+                    Err(why) => {
+                        self.end(cluster, metrics, c, End::Abandoned, &why, now).await;
+                        return;
+                    }
                 }
             }
-        }
-        if !dra_world::reservation_published(&seen.slices, &self.args.dra_driver, room, &c.reservation, now) {
-            tracing::debug!(node, "waiting for the agent to publish the reservation before evicting");
-            self.campaigns.insert(node.to_string(), c);
-            return;
+            if !dra_world::reservation_published(&seen.slices, &self.args.dra_driver, room, &c.reservation, now) {
+                tracing::debug!(node, "waiting for the agent to publish the reservation before evicting");
+                self.campaigns.insert(node.to_string(), c);
+                return;
+            }
         }
         let mut refused: Option<String> = None;
         for i in 0..c.steps.len() {
@@ -351,10 +455,9 @@ impl Defrag {
                     c.steps[i].done = true;
                     c.steps[i].blocked = None;
                     let note = format!(
-                        "evicted to make room for {} ({}) on node {node} {}; its replacement is expected on {}",
+                        "evicted to make room for {} ({}); its replacement is expected on {}",
                         c.waiting,
-                        words(&c.reservation.wants),
-                        gpus_words(&c.reservation.gpus),
+                        c.room(),
                         s.to
                     );
                     tracing::info!(pod = %s.pod, for_pod = %c.waiting, node, replacement_on = %s.to, "evicted to make room");
@@ -503,7 +606,7 @@ impl Defrag {
         metrics.plan(end.as_str(), waited);
         let (ns, name) = c.waiting.split_once('/').unwrap_or(("default", &c.waiting));
         let uid = c.uid.clone().unwrap_or_default();
-        let room = format!("node {} {}", c.node, gpus_words(&c.reservation.gpus));
+        let room = c.room();
         if end == End::Served {
             tracing::info!(pod = %c.waiting, node = %c.node, waited_s = waited.unwrap_or(0.0), "served: bound into the room");
             let note = format!("bound into the room made on {room}");
@@ -513,7 +616,7 @@ impl Defrag {
             if !matches!(end, End::ServedElsewhere | End::Abandoned) {
                 self.failed.insert(c.waiting.clone(), Failure { at: now, signature: c.signature.clone() });
             }
-            let note = format!("the room on {room} is released: {why}");
+            let note = format!("the room ({room}) is released: {why}");
             if end != End::Abandoned || !why.contains("gone") {
                 cluster.event(&pod_ref(ns, name, &uid), true, "DefragmentFailed", "Release", &note).await;
             }
@@ -665,6 +768,7 @@ impl Defrag {
                     steps,
                     signature,
                     adopted: false,
+                    label: false,
                 },
             );
         }

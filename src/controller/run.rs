@@ -106,6 +106,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         mps_replicas: a.mps_replicas,
         reserve_for_dedicated: a.reserve_for_dedicated,
         pools: a.pools()?,
+        defrag: a.defrag.defrag.then(|| a.defrag.rules()),
     };
     let mut was_leader: Option<bool> = None;
     loop {
@@ -280,7 +281,7 @@ async fn one_batch(
     }
     memory.told.retain(|k, _| still.contains(k));
     if let Some(d) = memory.defrag.as_mut() {
-        d.step(cluster, elector, metrics, now).await;
+        d.step(cluster, elector, metrics, &outcome.drains, now).await;
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ pub struct Rig {
 }
 
 /// Hand-written layouts for the tests.
-pub const CONFIG: &str = "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n  all-1g.10gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 7\n  all-3g.40gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 2\n  half-whole:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 3\n    - devices: [1]\n      mig-enabled: false\n";
+pub const CONFIG: &str = "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n  all-1g.10gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 7\n  all-3g.40gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 2\n  half-whole:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices:\n        \"1g.10gb\": 3\n    - devices: [1]\n      mig-enabled: false\n  mixed:\n    - devices: all\n      mig-enabled: true\n      mig-devices:\n        \"3g.40gb\": 1\n        \"1g.10gb\": 4\n";
 
 impl Rig {
     /// `names.len()` nodes of `spec` GPUs (`A100-SXM4-80GB:2`), each asked for `layout`, with

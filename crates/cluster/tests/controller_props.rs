@@ -68,6 +68,8 @@ fn pod(i: usize, resource: Resource, count: u32) -> GpuPod {
         scheduler_message: None,
         priority: 0,
         created: Some(i as i64),
+        owner: None,
+        movable: None,
     }
 }
 

@@ -249,6 +249,8 @@ mod tests {
             scheduler_message: None,
             priority: 0,
             created: None,
+            owner: None,
+            movable: None,
         };
         let model = crate::mig::catalog::lookup("A100-SXM4-80GB").unwrap();
         let (l, gpus) = ledger(&node, model, &[pod], None);

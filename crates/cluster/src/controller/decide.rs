@@ -9,6 +9,7 @@ use super::gpu_options::{observed_spec, options, Counts, GpuOption};
 use super::nodes::{GpuNode, Phase, RECLAIM_LAYOUT};
 use super::pods::{GpuPod, NotServed, Resource};
 use crate::config::ConfigFile;
+use crate::defrag::empty_node::{empty, Host};
 use crate::fleet::current::CurrentGpu;
 use crate::fleet::report::GpuSpec;
 use crate::mig::catalog::Model;
@@ -32,6 +33,9 @@ pub struct Options {
     pub reserve_for_dedicated: bool,
     /// How the pools are written on nodes.
     pub pools: Pools,
+    /// `--defrag`: a tensor-parallel pod nothing else serves gets the shared node whose movable
+    /// pods all fit elsewhere reserved, and those pods are moved ([`Outcome::drains`]).
+    pub defrag: Option<crate::defrag::movable::MoveRules>,
 }
 
 impl Default for Options {
@@ -43,6 +47,7 @@ impl Default for Options {
             mps_replicas: 4,
             reserve_for_dedicated: false,
             pools: Pools::default(),
+            defrag: None,
         }
     }
 }
@@ -153,6 +158,20 @@ pub struct Outcome {
     pub held: Vec<(String, String)>,
     /// Pending GPU pods that the scheduler can place already (free units exist).
     pub placeable: usize,
+    /// With `defrag`: the nodes reserved for a waiting tensor-parallel pod, and the moves that
+    /// empty them (or why they cannot be emptied now).
+    pub drains: Vec<Drain>,
+}
+
+/// A node reserved for a waiting tensor-parallel pod, to be emptied by moving its pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drain {
+    /// The node.
+    pub node: String,
+    /// The waiting pod (`namespace/name`).
+    pub for_pod: String,
+    /// Each pod to move and the node its replacement is expected on; or why not now.
+    pub moves: Result<Vec<(String, String)>, String>,
 }
 
 /// A node the batch may change.
@@ -569,29 +588,72 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     for (p, &i) in waiting_tp.iter().zip(&reserved) {
         reserved_for.insert(p.key.clone(), i);
     }
-    if opts.reserve_for_dedicated {
+    let hosts: Vec<Host> = cands
+        .iter()
+        .enumerate()
+        .map(|(j, c)| Host {
+            node: c.node,
+            ledger: &c.ledger,
+            takes_replacements: !c.node.is_dedicated(pools) && !c.node.cordoned && !taken.contains(&j),
+        })
+        .collect();
+    if opts.reserve_for_dedicated || opts.defrag.is_some() {
         for p in waiting_tp.iter().skip(reserved.len()) {
-            let pick = changeable
+            let eligible: Vec<usize> = changeable
                 .iter()
                 .copied()
                 .filter(|i| !taken.contains(i) && !cands[*i].node.is_dedicated(pools))
                 .filter(|&i| cands[i].gpus.len() as u32 >= p.count && !cands[i].node.cordoned)
                 .filter(|&i| lands_once_dedicated(p, cands[i].node, &placed, pools))
-                .min_by_key(|&i| {
-                    let busy: usize = cands[i].gpus.iter().map(|g| g.instances.iter().filter(|x| x.busy).count()).sum();
-                    (cands[i].ledger.pods.len(), busy, cands[i].node.name.clone())
-                });
+                .collect();
+            let emptied = opts.defrag.as_ref().and_then(|rules| {
+                eligible
+                    .iter()
+                    .filter_map(|&i| Some((i, empty(i, &hosts, world.pods, p, rules, world.now, pools).ok()?)))
+                    .min_by(|(a, x), (b, y)| (&x.cost, &cands[*a].node.name).cmp(&(&y.cost, &cands[*b].node.name)))
+            });
+            let pick = emptied.as_ref().map(|(i, _)| *i).or_else(|| {
+                opts.reserve_for_dedicated.then(|| {
+                    eligible.iter().copied().min_by_key(|&i| {
+                        let busy: usize =
+                            cands[i].gpus.iter().map(|g| g.instances.iter().filter(|x| x.busy).count()).sum();
+                        (cands[i].ledger.pods.len(), busy, cands[i].node.name.clone())
+                    })
+                })?
+            });
             let Some(i) = pick else { continue };
             let c = &cands[i];
-            let change = format!(
-                "reserved for {}: no new shared pods; converts to dedicated once its {} pod(s) end",
-                p.key,
-                c.ledger.pods.len()
-            );
+            let change = match &emptied {
+                Some((_, e)) => {
+                    let moves: Vec<String> = e.moves.iter().map(|(pod, to)| format!("{pod} to node {to}")).collect();
+                    format!(
+                        "reserved for {}: no new shared pods; moving its {} pod(s) ({}), then converts to dedicated",
+                        p.key,
+                        e.moves.len(),
+                        moves.join(", ")
+                    )
+                }
+                None => format!(
+                    "reserved for {}: no new shared pods; converts to dedicated once its {} pod(s) end",
+                    p.key,
+                    c.ledger.pods.len()
+                ),
+            };
             let restore = c.node.layout().map(str::to_string);
             out.decisions.push(pool_change(c, Kind::Reserve, restore, vec![p.key.clone()], change));
             reserved_for.insert(p.key.clone(), i);
             taken.insert(i);
+        }
+    }
+    // Nodes reserved already (their taint is on): the moves that empty them now.
+    if let Some(rules) = &opts.defrag {
+        for (pod, &i) in &reserved_for {
+            let Some(p) = waiting_tp.iter().find(|p| p.key == *pod) else { continue };
+            if !reserved.contains(&i) || cands[i].ledger.pods.is_empty() {
+                continue;
+            }
+            let moves = empty(i, &hosts, world.pods, p, rules, world.now, pools).map(|e| e.moves);
+            out.drains.push(Drain { node: cands[i].node.name.clone(), for_pod: pod.clone(), moves });
         }
     }
     let released: Vec<usize> = reserved

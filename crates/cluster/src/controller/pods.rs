@@ -84,6 +84,10 @@ pub struct GpuPod {
     pub priority: i32,
     /// Creation time (seconds since the epoch), if known.
     pub created: Option<i64>,
+    /// Its controlling owner, if any (whether something recreates it when it is evicted).
+    pub owner: Option<crate::defrag::movable::Owner>,
+    /// Its `gpupart.io/movable` annotation, if set.
+    pub movable: Option<String>,
 }
 
 impl GpuPod {
@@ -270,6 +274,13 @@ fn read_any(pod: &Pod, mps_resource: &str, pools: &crate::pools::Pools) -> Resul
         scheduler_message: unschedulable.and_then(|c| c.message.clone()),
         priority: spec.and_then(|s| s.priority).unwrap_or(0),
         created: pod.metadata.creation_timestamp.as_ref().map(seconds),
+        owner: crate::defrag::movable::RunningPod::read(pod).owner,
+        movable: pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::defrag::movable::MOVABLE_ANNOTATION))
+            .cloned(),
     }))
 }
 

@@ -46,6 +46,8 @@ fn pod(name: &str, resource: Resource, count: u32, age: i64) -> GpuPod {
         scheduler_message: None,
         priority: 0,
         created: Some(age),
+        owner: None,
+        movable: None,
     }
 }
 
@@ -453,5 +455,100 @@ mod pools_as_written {
         let opts = Options { pools, ..Options::default() };
         let out = run(&nodes, &pods, &opts);
         assert_eq!(out.decisions.iter().map(|d| d.node.as_str()).collect::<Vec<_>>(), ["gpu-s2"], "{out:#?}");
+    }
+}
+
+/// `--defrag` in label mode: the node whose movable pods all fit elsewhere is reserved for the
+/// tensor-parallel pod, and once reserved its pods are moved.
+mod defrag {
+    use super::*;
+    use crate::defrag::movable::{MoveRules, Owner};
+
+    fn movable(mut p: GpuPod, owner: &str) -> GpuPod {
+        p.owner = Some(Owner { kind: "ReplicaSet".into(), name: owner.into() });
+        p.movable = Some("true".into());
+        p
+    }
+
+    fn cluster() -> (Vec<GpuNode>, Vec<GpuPod>) {
+        let nodes = vec![
+            node("gpu-a", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0*,3g.40gb@4"]),
+            node("gpu-b", &["3g.40gb@0*,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]),
+        ];
+        let mut tp = pod("tp2", Resource::Gpu, 2, 5);
+        tp.dedicated = true;
+        let pods = vec![
+            movable(bound(pod("a1", mig("3g.40gb"), 1, 1), "gpu-a"), "a"),
+            movable(bound(pod("a2", mig("3g.40gb"), 1, 1), "gpu-a"), "a"),
+            movable(bound(pod("a3", mig("3g.40gb"), 1, 1), "gpu-a"), "a"),
+            bound(pod("b1", mig("3g.40gb"), 1, 1), "gpu-b"),
+            tp,
+        ];
+        (nodes, pods)
+    }
+
+    fn opts() -> Options {
+        Options { defrag: Some(MoveRules { min_age_secs: 0, ..MoveRules::default() }), ..Options::default() }
+    }
+
+    #[test]
+    fn the_node_whose_pods_can_all_move_is_reserved_and_then_emptied() {
+        let (nodes, mut pods) = cluster();
+        // b1 did not opt in: gpu-b cannot be emptied; gpu-a's three replicas fit in gpu-b's three free 3g.
+        let out = run(&nodes, &pods, &opts());
+        let d = &out.decisions[0];
+        assert_eq!((d.node.as_str(), d.kind.clone()), ("gpu-a", Kind::Reserve), "{out:#?}");
+        assert!(d.change.contains("moving its 3 pod(s) (serving/a1 to node gpu-b"), "{}", d.change);
+        // b1 opts in: one move is cheaper than three.
+        pods[3] = movable(pods[3].clone(), "b");
+        let out = run(&nodes, &pods, &opts());
+        assert_eq!(out.decisions[0].node, "gpu-b", "{out:#?}");
+        assert!(out.decisions[0].change.contains("serving/b1 to node gpu-a"));
+        // b1 belongs to the waiting pod's own workload: it stays, gpu-a is emptied instead.
+        let mut own = pods.clone();
+        own[4].owner = Some(Owner { kind: "ReplicaSet".into(), name: "b".into() });
+        assert_eq!(run(&nodes, &own, &opts()).decisions[0].node, "gpu-a");
+        // Reserved: the moves that empty it come out of the batch, nothing else changes.
+        let mut reserved = nodes[1].clone();
+        reserved.labels.insert(POOL_LABEL.into(), "dedicated".into());
+        reserved.annotations.insert(RECLAIM_LAYOUT.into(), "all-3g.40gb".into());
+        let two = vec![nodes[0].clone(), reserved];
+        let out = run(&two, &pods, &opts());
+        assert!(out.decisions.is_empty(), "{out:#?}");
+        assert_eq!(out.drains.len(), 1);
+        assert_eq!(out.drains[0].for_pod, "serving/tp2");
+        assert_eq!(out.drains[0].moves, Ok(vec![("serving/b1".to_string(), "gpu-a".to_string())]));
+        // Its pod cannot move any more (gpu-a full): the drain says why; nothing is moved.
+        let mut full = pods.clone();
+        full.push(bound(pod("a4", mig("3g.40gb"), 1, 1), "gpu-a"));
+        let out = run(&two, &full, &opts());
+        let why = out.drains[0].moves.clone().expect_err("nowhere to go");
+        assert!(why.contains("serving/b1 has nowhere to go"), "{why}");
+    }
+
+    #[test]
+    fn without_a_node_that_can_be_emptied_nothing_is_reserved() {
+        let (nodes, mut pods) = cluster();
+        for p in pods.iter_mut().take(3) {
+            p.movable = Some("false".into());
+        }
+        let out = run(&nodes, &pods, &opts());
+        assert!(out.decisions.is_empty(), "{out:#?}");
+        assert!(out.drains.is_empty());
+        // A GPU in use by something else than a pod keeps its node from being emptied: gpu-b's
+        // younger pod would be the cheaper move, but its second busy instance has no pod.
+        let (_, pods) = cluster();
+        let nodes = vec![
+            node("gpu-a", &["3g.40gb@0*,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]),
+            node("gpu-b", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0,3g.40gb@4"]),
+        ];
+        let mut b1 = movable(bound(pod("b1", mig("3g.40gb"), 1, 9), "gpu-b"), "b");
+        b1.created = Some(9);
+        let pods = vec![pods[0].clone(), b1, pods[4].clone()];
+        let out = run(&nodes, &pods, &opts());
+        assert_eq!(out.decisions[0].node, "gpu-a", "{out:#?}");
+        let mut idle_b = nodes.clone();
+        idle_b[1] = node("gpu-b", &["3g.40gb@0*,3g.40gb@4", "3g.40gb@0,3g.40gb@4"]);
+        assert_eq!(run(&idle_b, &pods, &opts()).decisions[0].node, "gpu-b", "the younger pod moves when it can");
     }
 }

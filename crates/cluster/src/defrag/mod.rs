@@ -1,8 +1,10 @@
 //! Defragmentation by moving pods (pure): which running pods may be moved to make room for a pod
-//! that waits ([`movable`]), and, on nodes that publish DRA devices, where the room appears and
-//! where the moved pods go ([`room`]). The controller's binary side evicts through the Eviction
-//! API.
+//! that waits ([`movable`]); on nodes that publish DRA devices, what the controller reads of them
+//! ([`dra_world`]) and where the room appears and where the moved pods go ([`room`]); on
+//! label-driven nodes, the moves that empty a node for a tensor-parallel pod ([`empty_node`]).
+//! The controller's binary side reserves the room and evicts through the Eviction API.
 
 pub mod dra_world;
+pub mod empty_node;
 pub mod movable;
 pub mod room;
