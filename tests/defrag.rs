@@ -355,6 +355,60 @@ fn a_waiting_pod_deleted_mid_plan_releases_the_room() {
     assert!(log(&rig, "c1").contains("the waiting pod is gone"), "{}", log(&rig, "c1"));
 }
 
+#[test]
+fn owners_that_do_not_recreate_their_pods_and_a_refused_eviction_still_end_with_the_pod_served() {
+    let (rig, mut dc) = cluster(true, false);
+    // Each small pod belongs to a workload of its own that no stand-in recreates.
+    for (name, owner) in [("small-a", "lws-a"), ("small-b", "lws-b")] {
+        let key = ("pods".to_string(), "ml".to_string(), name.to_string());
+        rig.api.change(|s| {
+            let mut p = s.objects.get(&key).cloned().expect("the pod");
+            p["metadata"]["ownerReferences"] = json!([{"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+                                                       "name": owner, "uid": format!("uid-{owner}"), "controller": true}]);
+            s.put(key.clone(), p);
+        });
+    }
+    // The API server refuses the first eviction of small-a once.
+    rig.api.change(|s| s.fail.push(("POST".into(), "/api/v1/namespaces/ml/pods/small-a/eviction".into(), 503)));
+    let _c = controller(&rig, "c1", &[]);
+    waiting(&rig);
+    until(&rig, &mut dc, "the 7g.80gb pod bound", 60, |r| pod(r, "llm").is_some_and(|p| p["spec"]["nodeName"] == NODE));
+    assert!(pod(&rig, "small-a").is_none() && pod(&rig, "small-b").is_none());
+    assert_eq!(rig.api.pods().len(), 2, "big and llm; nothing replaced the moved pods");
+    let log = log(&rig, "c1");
+    assert!(log.contains("the eviction failed; retrying at the next batch"), "{log}");
+    let m = metrics(&rig, "c1");
+    assert!(m.contains(r#"gpupart_controller_defrag_evictions_total{outcome="error"} 1"#), "{m}");
+    assert!(m.contains(r#"gpupart_controller_defrag_evictions_total{outcome="evicted"} 2"#), "{m}");
+}
+
+#[test]
+fn a_replacement_that_stays_pending_holds_back_its_workload_and_the_plan_expires_with_nothing_more_evicted() {
+    let (rig, mut dc) = cluster(true, false);
+    // The ReplicaSet's template asks for a zone no node is in: its replacements never land.
+    let key = ("replicasets".to_string(), "ml".to_string(), "small".to_string());
+    rig.api.change(|s| {
+        let mut rs = s.objects.get(&key).cloned().expect("the ReplicaSet");
+        rs["spec"]["template"]["spec"]["nodeSelector"] = json!({"zone": "nowhere"});
+        s.put(key.clone(), rs);
+    });
+    let _c = controller(&rig, "c1", &["--defrag-confirm-timeout", "5s"]);
+    waiting(&rig);
+    until(&rig, &mut dc, "the plan ended", 40, |r| !events(r, "DefragmentFailed").is_empty());
+    until(&rig, &mut dc, "the reservation released", 10, |r| reservation(r).is_none());
+    // small-a went; small-b, of the same workload, waited for a replacement that never ran.
+    assert!(pod(&rig, "small-a").is_none());
+    assert!(pod(&rig, "small-b").is_some(), "not evicted while its workload's replacement is not Ready");
+    let failed = events(&rig, "DefragmentFailed");
+    assert!(failed.iter().any(|(on, n)| on == "llm" && n.contains("is not Ready")), "{failed:#?}");
+    // The replacement that waits is left to the scheduler: no plan moves anything for it.
+    settle(&rig, &mut dc);
+    let moved: Vec<(String, String)> =
+        events(&rig, "Defragmenting").into_iter().filter(|(on, _)| on != "llm").collect();
+    assert_eq!(moved.len(), 1, "{moved:#?}");
+    assert_eq!(pod(&rig, "big").expect("big stays")["metadata"]["uid"], "uid-pod-big");
+}
+
 fn budget(rig: &DraRig, name: &str, spec: Value) {
     let mut spec = spec;
     spec["selector"] = json!({"matchLabels": {"app": "small"}});

@@ -38,7 +38,15 @@ struct Step {
     tries: u32,
     /// The budget's last answer, if it said no.
     blocked: Option<String>,
+    /// Why it waits for its workload, if it does (the previous replacement not Ready).
+    held_back: Option<String>,
     done: bool,
+}
+
+impl Step {
+    fn new(pod: String, owner: Option<Owner>, to: String) -> Self {
+        Step { pod, owner, to, next_try: 0, tries: 0, blocked: None, held_back: None, done: false }
+    }
 }
 
 /// A plan under way: the room is reserved on `node`.
@@ -298,14 +306,12 @@ impl Defrag {
             cluster.event(&pod_ref(ns, name, &uid), false, "Defragmenting", "Plan", &note).await;
             let steps = moves
                 .iter()
-                .map(|(pod, to)| Step {
-                    pod: pod.clone(),
-                    owner: seen.pods.get(pod).and_then(|p| RunningPod::read(p).owner),
-                    to: format!("node {to}"),
-                    next_try: 0,
-                    tries: 0,
-                    blocked: None,
-                    done: false,
+                .map(|(pod, to)| {
+                    Step::new(
+                        pod.clone(),
+                        seen.pods.get(pod).and_then(|p| RunningPod::read(p).owner),
+                        format!("node {to}"),
+                    )
                 })
                 .collect();
             let until = now + self.args.defrag_confirm_timeout.as_secs() as i64;
@@ -385,10 +391,16 @@ impl Defrag {
             Some(p) => match bound_node(p) {
                 Some(n) if n == c.node => Some((End::Served, format!("bound to node {n}, into the room"))),
                 Some(n) => Some((End::ServedElsewhere, format!("bound to node {n}, not into the room"))),
-                None if now >= c.reservation.until => Some(match c.steps.iter().find_map(|s| s.blocked.clone()) {
-                    Some(why) => (End::Blocked, format!("a PodDisruptionBudget kept a pod in place: {why}")),
-                    None => (End::Expired, "not bound within --defrag-confirm-timeout".to_string()),
-                }),
+                None if now >= c.reservation.until => {
+                    let pending = |s: &&Step| !s.done;
+                    Some(match c.steps.iter().filter(pending).find_map(|s| s.blocked.clone()) {
+                        Some(why) => (End::Blocked, format!("a PodDisruptionBudget kept a pod in place: {why}")),
+                        None => match c.steps.iter().filter(pending).find_map(|s| s.held_back.clone()) {
+                            Some(why) => (End::Expired, format!("not bound within --defrag-confirm-timeout: {why}")),
+                            None => (End::Expired, "not bound within --defrag-confirm-timeout".to_string()),
+                        },
+                    })
+                }
                 None => None,
             },
         };
@@ -429,7 +441,10 @@ impl Defrag {
             let ns = p.metadata.namespace.clone().unwrap_or_else(|| "default".into());
             if let Some(o) = &s.owner {
                 if let Some(why) = self.owner_busy(seen, &ns, o) {
-                    tracing::debug!(pod = %s.pod, reason = %why, "waiting before the next eviction of its workload");
+                    if c.steps[i].held_back.as_deref() != Some(why.as_str()) {
+                        tracing::info!(pod = %s.pod, reason = %why, "waiting before the next eviction of its workload");
+                    }
+                    c.steps[i].held_back = Some(why);
                     continue;
                 }
             }
@@ -526,15 +541,7 @@ impl Defrag {
             if let Some(why) = immovable(&r, &wns, wowner.as_ref(), &self.rules, now) {
                 return Err(format!("the room is held by {by}, which may not move: {why}"));
             }
-            steps.push(Step {
-                pod: by.to_string(),
-                owner: r.owner,
-                to: "another GPU".into(),
-                next_try: 0,
-                tries: 0,
-                blocked: None,
-                done: false,
-            });
+            steps.push(Step::new(by.to_string(), r.owner, "another GPU".into()));
         }
         Ok(steps)
     }
@@ -746,14 +753,12 @@ impl Defrag {
             let steps = plan
                 .moves
                 .iter()
-                .map(|m| Step {
-                    pod: m.pod.clone(),
-                    owner: seen.pods.get(&m.pod).and_then(|p| RunningPod::read(p).owner),
-                    to: destination(m),
-                    next_try: 0,
-                    tries: 0,
-                    blocked: None,
-                    done: false,
+                .map(|m| {
+                    Step::new(
+                        m.pod.clone(),
+                        seen.pods.get(&m.pod).and_then(|p| RunningPod::read(p).owner),
+                        destination(m),
+                    )
                 })
                 .collect();
             self.told.remove(&k);

@@ -7,9 +7,10 @@
 //!   `<pod>-<claim>`, annotated `resource.kubernetes.io/pod-claim-name`) and records it in the
 //!   pod's `status.resourceClaimStatuses`; once the pod is gone and the kubelet unprepared it,
 //!   the claim (kept until then by its finalizer) is deallocated and deleted.
-//! - kube-scheduler: a Pending pod whose claims all exist gets its unallocated claims allocated
-//!   from the published slices ([`DraRig::schedule`]), then `status.reservedFor`, then the
-//!   binding; a pod it cannot place gets `PodScheduled=False, reason Unschedulable`.
+//! - kube-scheduler: a Pending pod whose claims all exist and whose node selector the node
+//!   matches gets its unallocated claims allocated from the published slices
+//!   ([`DraRig::schedule`]), then `status.reservedFor`, then the binding; a pod it cannot place
+//!   gets `PodScheduled=False, reason Unschedulable`.
 //! - kubelet: prepares the claims of a pod bound to the node (the pod turns Running and Ready),
 //!   unprepares them once the pod is deleted.
 //!
@@ -116,7 +117,16 @@ impl DraCluster {
             }
             let Some(claims) = Self::claims_of(&p) else { continue };
             let mut refused = None;
-            for c in &claims {
+            // The node filters run before the claims are allocated: a pod whose node selector the
+            // node does not match gets no allocation at all.
+            let labels = rig.api.get("nodes", "", NODE).map(|n| n["metadata"]["labels"].clone()).unwrap_or_default();
+            let selected =
+                p["spec"]["nodeSelector"].as_object().is_none_or(|sel| sel.iter().all(|(k, v)| labels[k] == *v));
+            if !selected {
+                refused =
+                    Some("0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.".to_string());
+            }
+            for c in claims.iter().filter(|_| refused.is_none()) {
                 let Some(claim) = rig.api.get("resourceclaims", "ml", c) else {
                     refused = Some(format!("waiting for claim {c}"));
                     break;

@@ -91,6 +91,18 @@ pub struct GpuPod {
 }
 
 impl GpuPod {
+    /// The pod as the defragmenter judges whether it may move.
+    pub fn running(&self) -> crate::defrag::movable::RunningPod {
+        crate::defrag::movable::RunningPod {
+            key: self.key.clone(),
+            namespace: self.namespace.clone(),
+            owner: self.owner.clone(),
+            movable: self.movable.clone(),
+            priority: self.priority,
+            created: self.created,
+        }
+    }
+
     /// Whether the pod waits for GPUs the cluster does not offer.
     pub fn is_unschedulable(&self) -> bool {
         matches!(self.standing, Standing::Unschedulable { .. })

@@ -5,7 +5,7 @@
 //! resource there, in the scheduler's queue order and node order, given the moves before it. A
 //! node with GPUs in use by something else than its pods is never emptied this way.
 
-use super::movable::{immovable, MoveRules, RunningPod};
+use super::movable::{immovable, MoveRules};
 use crate::controller::capacity::NodeLedger;
 use crate::controller::nodes::GpuNode;
 use crate::controller::pods::{GpuPod, Resource};
@@ -68,10 +68,9 @@ pub fn empty(
     if let Some((r, n)) = hosts[room].ledger.held.iter().find(|(r, n)| by_pods.get(r).copied().unwrap_or(0) < **n) {
         return Err(format!("node {here}: {n} {} in use by something else than its pods", r.name("mps")));
     }
-    let waiting_pod = RunningPod::of(waiting);
+    let waiting_pod = waiting.running();
     for p in &bound {
-        if let Some(why) = immovable(&RunningPod::of(p), &waiting_pod.namespace, waiting_pod.owner.as_ref(), rules, now)
-        {
+        if let Some(why) = immovable(&p.running(), &waiting_pod.namespace, waiting_pod.owner.as_ref(), rules, now) {
             return Err(format!("{} may not move: {why}", p.key));
         }
         if !p.also.is_empty() {

@@ -78,20 +78,6 @@ impl RunningPod {
     }
 }
 
-impl RunningPod {
-    /// The pod as the controller read it for its GPUs.
-    pub fn of(p: &crate::controller::pods::GpuPod) -> Self {
-        RunningPod {
-            key: p.key.clone(),
-            namespace: p.namespace.clone(),
-            owner: p.owner.clone(),
-            movable: p.movable.clone(),
-            priority: p.priority,
-            created: p.created,
-        }
-    }
-}
-
 /// Why a pod stays where it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Immovable {
