@@ -552,3 +552,85 @@ mod defrag {
         assert_eq!(run(&idle_b, &pods, &opts()).decisions[0].node, "gpu-b", "the younger pod moves when it can");
     }
 }
+
+/// The node `--defrag` reserves for a tensor-parallel pod is, among the nodes whose pods may all
+/// move, the one a brute force finds cheapest, and every move lands in room that exists.
+mod defrag_props {
+    use super::*;
+    use crate::defrag::movable::{MoveRules, Owner};
+    use proptest::prelude::*;
+
+    /// Per node: (pods on it, how many of them opted in, their age).
+    fn cluster(shape: &[(usize, usize, i64)]) -> (Vec<GpuNode>, Vec<GpuPod>) {
+        let mut nodes = Vec::new();
+        let mut pods = Vec::new();
+        for (n, &(count, movable, age)) in shape.iter().enumerate() {
+            let name = format!("gpu-{n}");
+            // Two A100s in 3g.40gb: four instances, the first `count` busy.
+            let inst: Vec<String> = (0..4)
+                .map(|k| format!("3g.40gb@{}{}", if k % 2 == 0 { 0 } else { 4 }, if k < count { "*" } else { "" }))
+                .collect();
+            let gpus = [format!("{},{}", inst[0], inst[1]), format!("{},{}", inst[2], inst[3])];
+            nodes.push(node(&name, &[gpus[0].as_str(), gpus[1].as_str()]));
+            for k in 0..count {
+                let mut p = bound(pod(&format!("p{n}-{k}"), mig("3g.40gb"), 1, age + k as i64), &name);
+                if k < movable {
+                    p.owner = Some(Owner { kind: "ReplicaSet".into(), name: format!("rs-{n}-{k}") });
+                    p.movable = Some("true".into());
+                }
+                pods.push(p);
+            }
+        }
+        let mut tp = pod("tp", Resource::Gpu, 2, 1);
+        tp.dedicated = true;
+        pods.push(tp);
+        (nodes, pods)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn the_reserved_node_is_the_cheapest_that_can_be_emptied(
+            shape in proptest::collection::vec((1usize..=4, 0usize..=4, 0i64..100), 2..5)
+        ) {
+            let shape: Vec<(usize, usize, i64)> = shape.into_iter().map(|(c, m, a)| (c, m.min(c), a)).collect();
+            let (nodes, pods) = cluster(&shape);
+            let opts = Options { defrag: Some(MoveRules { min_age_secs: 0, ..MoveRules::default() }), ..Options::default() };
+            let out = run(&nodes, &pods, &opts);
+            // Brute force: a node can be emptied when all its pods opted in and the others' free
+            // instances hold them; cost (pods, share, younger first), then the name.
+            let free: Vec<usize> = shape.iter().map(|(c, _, _)| 4 - c).collect();
+            let total_free: usize = free.iter().sum();
+            let best = shape
+                .iter()
+                .enumerate()
+                .filter(|(n, (c, m, _))| m == c && total_free - free[*n] >= *c)
+                .map(|(n, (c, _, a))| {
+                    let ages: i64 = (0..*c as i64).map(|k| a + k).sum();
+                    ((*c, std::cmp::Reverse(ages)), format!("gpu-{n}"))
+                })
+                .min();
+            let reserved: Vec<&super::super::decide::Decision> = out.decisions.iter().filter(|d| d.kind == Kind::Reserve).collect();
+            match best {
+                None => prop_assert!(reserved.is_empty(), "{out:#?}"),
+                Some((_, name)) => {
+                    prop_assert_eq!(reserved.len(), 1, "{:#?}", out);
+                    prop_assert_eq!(&reserved[0].node, &name);
+                    // Every pod there is named with a node that has room for it.
+                    let n: usize = name[4..].parse().unwrap();
+                    let mut used = vec![0usize; shape.len()];
+                    for k in 0..shape[n].0 {
+                        let key = format!("serving/p{n}-{k} to node gpu-");
+                        let at = reserved[0].change.find(&key);
+                        prop_assert!(at.is_some(), "{} misses {key}", reserved[0].change);
+                        let rest = &reserved[0].change[at.unwrap() + key.len()..];
+                        let to: usize = rest.chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().unwrap();
+                        prop_assert!(to != n);
+                        used[to] += 1;
+                        prop_assert!(used[to] <= free[to], "node gpu-{to} holds {} more: {}", used[to], reserved[0].change);
+                    }
+                }
+            }
+        }
+    }
+}
