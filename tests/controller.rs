@@ -4,7 +4,7 @@
 mod support;
 
 use support::controller_rig::{Rig, LAYOUT, LAYOUTS};
-use support::rbac::{assert_allowed, Permissions};
+use support::rbac::{assert_allowed, controller_role, Permissions};
 use support::scheduler::gpu_pod;
 
 /// Three nodes of two A100s in `all-3g.40gb`; the stand-in fills all but one 3g.40gb instance.
@@ -171,10 +171,8 @@ fn a_tensor_parallel_pod_gets_an_idle_node_dedicated_which_returns_after_the_rec
     assert!(rig.api.events().iter().any(|(n, r, _)| n == idle_node && r == "Reclaiming"));
     assert_eq!(value(&rig.metrics("c1"), "gpupart_controller_reclaimed_nodes_total"), Some(1.0));
     // Everything the controller and the agents asked of the API, their manifests' RBAC allows.
-    let file = |f: &str| format!("{}/{f}", env!("CARGO_MANIFEST_DIR"));
-    let (controller, daemonset) = (file("deploy/controller.yaml"), file("daemonset.yaml"));
-    let theirs = Permissions::of(&[&controller], "gpupart-system", "gpupart-controller");
-    assert_allowed(&theirs, &rig.api.requests_by("controller"), "the controller");
+    assert_allowed(&controller_role(), &rig.api.requests_by("controller"), "the controller");
+    let daemonset = format!("{}/daemonset.yaml", env!("CARGO_MANIFEST_DIR"));
     let agents = Permissions::of(&[&daemonset], "gpupart-system", "gpupart-agent");
     assert_allowed(&agents, &rig.api.requests_by("agent"), "the agents");
 }

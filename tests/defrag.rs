@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use support::controller_rig::Proc;
 use support::dra_cluster::DraCluster;
 use support::dra_rig::{DraRig, DRIVER, NODE};
-use support::rbac::{assert_allowed, Permissions};
+use support::rbac::{assert_allowed, controller_role};
 
 const RESERVATION: &str = "gpupart.io/defrag-reservation";
 
@@ -56,11 +56,8 @@ fn running(rig: &DraRig, dc: &mut DraCluster, name: &str, kind: Kind, template: 
                "metadata": {"name": claim, "namespace": "ml", "uid": format!("uid-{claim}")}, "spec": t["spec"]["spec"]}),
     );
     rig.set_allocation(&claim, &[("gpu", DRIVER, NODE, device)]);
-    let key = ("resourceclaims".to_string(), "ml".to_string(), claim.clone());
-    rig.api.change(|s| {
-        let mut c = s.objects.get(&key).cloned().expect("the claim");
+    edit(rig, "resourceclaims", &claim, |c| {
         c["status"]["reservedFor"] = json!([{"resource": "pods", "name": name, "uid": format!("uid-pod-{name}")}]);
-        s.put(key.clone(), c);
     });
     rig.prepare(&claim).expect("prepared");
     let mut meta = json!({"name": name, "namespace": "ml", "uid": format!("uid-pod-{name}"),
@@ -228,12 +225,7 @@ fn a_7g_claim_is_served_by_moving_the_two_1g_claims_off_one_gpu() {
         assert!(m.contains(line), "{line} in\n{m}");
     }
     // Everything it asked of the API, deploy/controller.yaml allows.
-    let role = Permissions::of(
-        &[concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/controller.yaml")],
-        "gpupart-system",
-        "gpupart-controller",
-    );
-    assert_allowed(&role, &rig.api.requests_by("controller"), "the controller");
+    assert_allowed(&controller_role(), &rig.api.requests_by("controller"), "the controller");
 }
 
 #[test]
@@ -250,11 +242,8 @@ fn a_budget_at_its_limit_delays_the_plan_and_a_new_leader_finishes_it_without_ev
     // The leader dies mid-plan; another replica takes the Lease and finds the reservation.
     drop(first);
     let _second = controller(&rig, "c2", &[]);
-    let key = ("pods".to_string(), "ml".to_string(), "small-c".to_string());
-    rig.api.change(|s| {
-        let mut p = s.objects.get(&key).cloned().expect("small-c");
+    edit(&rig, "pods", "small-c", |p| {
         p["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
-        s.put(key.clone(), p);
     });
     until(&rig, &mut dc, "the 7g.80gb pod bound", 60, |r| pod(r, "llm").is_some_and(|p| p["spec"]["nodeName"] == NODE));
     let llm = rig.api.get("resourceclaims", "ml", "llm-gpu").expect("the claim");
@@ -315,11 +304,8 @@ fn pods_that_did_not_opt_in_never_move() {
     assert!(events(&rig, "Defragmenting").is_empty());
     // Opting a namespace in by flag makes them movable; an annotation "false" still keeps a pod.
     drop(_c);
-    let key = ("pods".to_string(), "ml".to_string(), "small-b".to_string());
-    rig.api.change(|s| {
-        let mut p = s.objects.get(&key).cloned().expect("small-b");
+    edit(&rig, "pods", "small-b", |p| {
         p["metadata"]["annotations"] = json!({"gpupart.io/movable": "false"});
-        s.put(key.clone(), p);
     });
     let _c = controller(&rig, "c2", &["--defrag-namespaces", "ml,other"]);
     until(&rig, &mut dc, "no plan said", 30, |r| log(r, "c2").contains("no plan"));
@@ -360,12 +346,9 @@ fn owners_that_do_not_recreate_their_pods_and_a_refused_eviction_still_end_with_
     let (rig, mut dc) = cluster(true, false);
     // Each small pod belongs to a workload of its own that no stand-in recreates.
     for (name, owner) in [("small-a", "lws-a"), ("small-b", "lws-b")] {
-        let key = ("pods".to_string(), "ml".to_string(), name.to_string());
-        rig.api.change(|s| {
-            let mut p = s.objects.get(&key).cloned().expect("the pod");
+        edit(&rig, "pods", name, |p| {
             p["metadata"]["ownerReferences"] = json!([{"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
                                                        "name": owner, "uid": format!("uid-{owner}"), "controller": true}]);
-            s.put(key.clone(), p);
         });
     }
     // The API server refuses the first eviction of small-a once.
@@ -386,11 +369,8 @@ fn owners_that_do_not_recreate_their_pods_and_a_refused_eviction_still_end_with_
 fn a_replacement_that_stays_pending_holds_back_its_workload_and_the_plan_expires_with_nothing_more_evicted() {
     let (rig, mut dc) = cluster(true, false);
     // The ReplicaSet's template asks for a zone no node is in: its replacements never land.
-    let key = ("replicasets".to_string(), "ml".to_string(), "small".to_string());
-    rig.api.change(|s| {
-        let mut rs = s.objects.get(&key).cloned().expect("the ReplicaSet");
+    edit(&rig, "replicasets", "small", |rs| {
         rs["spec"]["template"]["spec"]["nodeSelector"] = json!({"zone": "nowhere"});
-        s.put(key.clone(), rs);
     });
     let _c = controller(&rig, "c1", &["--defrag-confirm-timeout", "5s"]);
     waiting(&rig);
@@ -407,6 +387,16 @@ fn a_replacement_that_stays_pending_holds_back_its_workload_and_the_plan_expires
         events(&rig, "Defragmenting").into_iter().filter(|(on, _)| on != "llm").collect();
     assert_eq!(moved.len(), 1, "{moved:#?}");
     assert_eq!(pod(&rig, "big").expect("big stays")["metadata"]["uid"], "uid-pod-big");
+}
+
+/// Changes object `name` of `plural` in namespace `ml` in place.
+fn edit(rig: &DraRig, plural: &str, name: &str, f: impl FnOnce(&mut Value)) {
+    let key = (plural.to_string(), "ml".to_string(), name.to_string());
+    rig.api.change(|s| {
+        let mut o = s.objects.get(&key).cloned().unwrap_or_else(|| panic!("no {plural} {name}"));
+        f(&mut o);
+        s.put(key.clone(), o);
+    });
 }
 
 fn budget(rig: &DraRig, name: &str, spec: Value) {
@@ -426,15 +416,7 @@ fn settle(rig: &DraRig, dc: &mut DraCluster) {
     }
 }
 
-/// A controller's `/metrics` body (its port from the "serving" log line).
+/// A controller's `/metrics` body.
 fn metrics(rig: &DraRig, identity: &str) -> String {
-    let log = log(rig, identity);
-    let port: u16 = log
-        .lines()
-        .find_map(|l| l.split("addr=127.0.0.1:").nth(1))
-        .and_then(|p| p.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
-    let response = support::http_get(port, "/metrics");
-    response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or(response)
+    support::metrics_in_log(&log(rig, identity))
 }

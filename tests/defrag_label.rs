@@ -8,7 +8,7 @@ mod support;
 
 use serde_json::json;
 use support::controller_rig::{NodeSpec, Rig};
-use support::rbac::{assert_allowed, Permissions};
+use support::rbac::{assert_allowed, controller_role};
 use support::scheduler::gpu_pod;
 
 /// Two nodes of eight H100s: gpu-a in 3g.40gb runs two 3g.40gb replicas of `serve` (movable or
@@ -75,12 +75,7 @@ fn a_tp8_pod_is_served_by_moving_the_two_small_pods_that_kept_a_node_busy() {
     assert!(events.iter().any(|(on, r, _)| on == "gpu-a" && r == "Dedicating"), "{events:#?}");
     rig.wait("the plan confirmed", 30, |r| r.log("c1").contains("served: bound into the room"));
     assert!(rig.api.events().iter().any(|(on, r, _)| on == "tp8" && r == "Defragmented"));
-    let role = Permissions::of(
-        &[concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/controller.yaml")],
-        "gpupart-system",
-        "gpupart-controller",
-    );
-    assert_allowed(&role, &rig.api.requests_by("controller"), "the controller");
+    assert_allowed(&controller_role(), &rig.api.requests_by("controller"), "the controller");
 }
 
 #[test]

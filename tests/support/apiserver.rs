@@ -713,7 +713,9 @@ impl ApiServer {
     /// are refused (nothing listens on the port) until [`ApiServer::come_back`].
     pub fn go_down(&self) {
         if let Some(rt) = self.runtime.lock().unwrap().take() {
-            rt.shutdown_background();
+            // Wait for the serving tasks to stop: a watch stream still running after this returns
+            // would deliver changes made "while down" (shutdown_background does not wait).
+            rt.shutdown_timeout(std::time::Duration::from_secs(2));
         }
     }
 

@@ -122,15 +122,7 @@ impl Rig {
 
     /// A controller's `/metrics` body (its port from the "serving" log line).
     pub fn metrics(&self, identity: &str) -> String {
-        let log = self.log(identity);
-        let port: u16 = log
-            .lines()
-            .find_map(|l| l.split("addr=127.0.0.1:").nth(1))
-            .and_then(|p| p.split_whitespace().next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
-        let response = super::http_get(port, "/metrics");
-        response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or(response)
+        super::metrics_in_log(&self.log(identity))
     }
 
     /// Whether `node`'s agent reports `layout` applied.

@@ -350,6 +350,18 @@ pub fn promtool(text: &str) {
     );
 }
 
+/// The `/metrics` body of the process whose log is `log` (its port from the "serving" line).
+pub fn metrics_in_log(log: &str) -> String {
+    let port: u16 = log
+        .lines()
+        .find_map(|l| l.split("addr=127.0.0.1:").nth(1))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
+    let response = http_get(port, "/metrics");
+    response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or(response)
+}
+
 /// `GET path` on a loopback port; the whole response.
 pub fn http_get(port: u16, path: &str) -> String {
     use std::io::Read;

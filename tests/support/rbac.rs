@@ -135,6 +135,15 @@ pub fn attributes(method: &str, path: &str) -> Attributes {
     Attributes { verb: verb.into(), group, resource, namespace, name }
 }
 
+/// The controller's permissions as deploy/controller.yaml grants them.
+pub fn controller_role() -> Permissions {
+    Permissions::of(
+        &[concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/controller.yaml")],
+        "gpupart-system",
+        "gpupart-controller",
+    )
+}
+
 /// Panics naming every request that `permissions` refuses.
 pub fn assert_allowed(permissions: &Permissions, requests: &[(String, String)], who: &str) {
     assert!(!requests.is_empty(), "{who} made no requests");
