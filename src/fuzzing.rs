@@ -154,6 +154,7 @@ pub fn plan_current(data: &[u8]) {
     if let Ok(g) = crate::fleet::current::from_annotation("n-0", t) {
         todays.push(std::iter::once(("n-0".to_string(), g)).collect());
     }
+    let _ = crate::fleet::current::holders_from_annotation(t);
     for today in todays {
         if let Ok(plan) = crate::fleet::plan_from(&input, &crate::fleet::Options::default(), &today) {
             let _ = crate::fleet::report::report(&input, &plan);

@@ -134,6 +134,10 @@ fn agent_names_the_pod_in_the_event_and_reports_a_missing_socket(b: Backend) {
     let note = wait_event(&api, "ReconfigureFailed", "serving/llm-0/vllm (nvidia.com/mig-1g.10gb)");
     assert!(note.contains(&uuid), "{note}");
     assert!(mig_uuids(&node).contains(&uuid));
+    // The node summary names the pod holding the instance.
+    let gpus = api.state().annotations.get("gpupart.io/gpus").cloned().unwrap_or_default();
+    let held = gpupart::fleet::current::holders_from_annotation(&gpus);
+    assert_eq!(held.values().cloned().collect::<Vec<_>>(), vec![vec!["serving/llm-0".to_string()]], "{gpus}");
     // The pod goes: the retry applies the layout.
     pods.set(vec![]);
     wait_state(&api, "success", "all-balanced");

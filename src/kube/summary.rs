@@ -1,5 +1,6 @@
 //! The node summary the agent publishes for schedulers and people: compact JSON annotations with
-//! each GPU's layout (`profile@start`, `*` when busy), creatable counts and fragmentation, the node
+//! each GPU's layout (`profile@start`, `*` when busy), the pods holding its instances, creatable
+//! counts and fragmentation, the node
 //! figures, and a selectable boolean label. Contains no timestamps, so it only changes when the
 //! GPUs do (zero writes at steady state).
 
@@ -38,6 +39,20 @@ pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, config
                 g["slotsUsed"] = json!(f.mps_slots_used);
             } else if f.mig_enabled {
                 g["layout"] = json!(layout);
+                // Who holds each instance the kubelet allocated (PodResources): `ns/name` by
+                // `profile@start`, only for instances some pod holds.
+                let pods: BTreeMap<String, Vec<String>> = gis
+                    .iter()
+                    .filter_map(|g| {
+                        let mut who: Vec<String> = g.all_pods().map(|u| format!("{}/{}", u.namespace, u.pod)).collect();
+                        who.sort();
+                        who.dedup();
+                        (!who.is_empty()).then(|| (format!("{}@{}", s.gi_name(g), g.placement.start), who))
+                    })
+                    .collect();
+                if !pods.is_empty() {
+                    g["pods"] = json!(pods);
+                }
                 g["creatable"] = json!(creatable);
                 g["largest"] = json!(f.largest_creatable.as_deref().unwrap_or("none"));
                 g["frag"] = json!((f.expected_fragmentation_ratio * 1000.0).round() / 1000.0);

@@ -83,6 +83,15 @@ impl GpuNode {
         }))
     }
 
+    /// The pods holding each MIG instance, as the agent reports them: (GPU index, placement
+    /// start) → `namespace/name`s.
+    pub fn holders(&self) -> BTreeMap<(u32, u32), Vec<String>> {
+        self.annotations
+            .get(GPUS_ANNOTATION)
+            .map(|t| crate::fleet::current::holders_from_annotation(t))
+            .unwrap_or_default()
+    }
+
     /// The requested layout.
     pub fn layout(&self) -> Option<&str> {
         self.labels.get(LAYOUT_LABEL).map(String::as_str)

@@ -130,6 +130,24 @@ pub fn from_annotation(node: &str, text: &str) -> Result<Vec<CurrentGpu>, InputE
         .collect()
 }
 
+/// The pods the agent reports holding each MIG instance, from its `gpupart.io/gpus` annotation:
+/// (GPU index, placement start) → `namespace/name`s. Entries it cannot read are left out (an
+/// agent too old to write them reports none).
+pub fn holders_from_annotation(text: &str) -> BTreeMap<(u32, u32), Vec<String>> {
+    let mut out = BTreeMap::new();
+    let Ok(Value::Array(gpus)) = serde_json::from_str::<Value>(text) else { return out };
+    for g in &gpus {
+        let (Some(index), Some(pods)) = (g["i"].as_u64(), g["pods"].as_object()) else { continue };
+        for (instance, who) in pods {
+            let Some(start) = instance.split_once('@').and_then(|(_, s)| s.parse::<u32>().ok()) else { continue };
+            let who: Vec<String> =
+                who.as_array().into_iter().flatten().filter_map(|w| w.as_str().map(str::to_string)).collect();
+            out.insert((index as u32, start), who);
+        }
+    }
+    out
+}
+
 /// Gives the fleet's placeholder nodes (named from a group's `count:`) the names of today's
 /// nodes outside the fleet that have the same GPU model and count, in name order; returns
 /// (placeholder, real name) pairs. Placeholders with no such node keep their names.

@@ -601,6 +601,16 @@ fn annotations_read_as_the_agent_writes_them() {
     assert!(!g[2].busy);
     let e = current::from_annotation("n", r#"[{"i":0,"model":"x","mode":"mig","layout":["3g"]}]"#).unwrap_err();
     assert!(e.to_string().contains("node 'n', annotation 'gpupart.io/gpus', [0]"), "{e}");
+    // Who holds each instance, when the agent says.
+    let held = r#"[{"i":0,"model":"A100-SXM4-80GB","mode":"mig","layout":["1g.10gb@2*","3g.40gb@4*"],
+                    "pods":{"1g.10gb@2":["ml/a"],"3g.40gb@4":["ml/b","ml/c"],"bad":["x"]}},
+                   {"i":1,"model":"A100-SXM4-80GB","mode":"none","busy":true}]"#;
+    let h = current::holders_from_annotation(held);
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[&(0, 2)], vec!["ml/a"]);
+    assert_eq!(h[&(0, 4)], vec!["ml/b", "ml/c"]);
+    assert!(current::holders_from_annotation(a).is_empty(), "an older agent's annotation names no pods");
+    assert!(current::holders_from_annotation("{").is_empty());
 }
 
 #[test]
