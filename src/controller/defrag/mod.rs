@@ -50,6 +50,8 @@ pub struct Defrag {
     owner_evicted: BTreeMap<String, i64>,
     /// What was last said about each waiting pod (one log line and Event per new thing).
     told: BTreeMap<String, String>,
+    /// Per node, the reservation this replica released (not adopted while the cache still shows it).
+    released: BTreeMap<String, String>,
 }
 
 /// What one batch reads.
@@ -110,6 +112,7 @@ impl Defrag {
             evictions: Vec::new(),
             owner_evicted: BTreeMap::new(),
             told: BTreeMap::new(),
+            released: BTreeMap::new(),
         }
     }
 
@@ -145,7 +148,7 @@ impl Defrag {
         self.evictions.retain(|(t, _)| now - t < HOUR);
         let seen = self.read(cluster);
         // What is remembered of pods that are gone goes with them.
-        self.told.retain(|k, _| k.starts_with("cap ") || seen.pods.contains_key(k));
+        self.told.retain(|k, _| k.starts_with("cap ") || k.starts_with("node ") || seen.pods.contains_key(k));
         self.failed.retain(|k, _| seen.pods.contains_key(k));
         self.owner_evicted.retain(|_, t| now - *t < HOUR);
         self.adopt(&seen, now);

@@ -235,20 +235,24 @@ impl Defrag {
         why: &str,
         now: i64,
     ) {
-        let ours = cluster
+        let text = cluster
             .nodes()
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(c.node.as_str()))
-            .and_then(|n| n.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)).cloned())
-            .and_then(|t| serde_json::from_str::<Reservation>(&t).ok())
+            .and_then(|n| n.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)).cloned());
+        let ours = text
+            .as_deref()
+            .and_then(|t| serde_json::from_str::<Reservation>(t).ok())
             .is_some_and(|r| r.pod == c.waiting);
-        if ours {
+        if let (true, Some(text)) = (ours, text) {
             let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION: null}}});
             if let Err(e) = cluster.patch_node(&c.node, &patch).await {
                 tracing::warn!(node = %c.node, error = %e, "releasing the reservation failed; retrying at the next batch");
                 self.campaigns.insert(c.node.clone(), c);
                 return;
             }
+            // Until the node cache shows it gone, the released reservation is not one to adopt.
+            self.released.insert(c.node.clone(), text);
         }
         self.campaigns.remove(&c.node);
         let waited = (end == End::Served).then(|| (now - c.since).max(0) as f64);

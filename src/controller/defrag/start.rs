@@ -103,13 +103,21 @@ impl Defrag {
             if self.campaigns.contains_key(name) {
                 continue;
             }
-            let Some(text) = n.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else { continue };
+            let Some(text) = n.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else {
+                self.released.remove(name);
+                continue;
+            };
+            if self.released.get(name) == Some(text) {
+                continue;
+            }
             let Ok(r) = serde_json::from_str::<Reservation>(text) else {
-                tracing::warn!(
-                    node = name,
-                    annotation = ANNOTATION,
-                    "a reservation that does not parse; left to expire"
-                );
+                if self.tell(&format!("node {name}"), text) {
+                    tracing::warn!(
+                        node = name,
+                        annotation = ANNOTATION,
+                        "a reservation that does not parse; left alone"
+                    );
+                }
                 continue;
             };
             tracing::info!(node = name, pod = %r.pod, gpus = ?r.gpus, "found a reservation made earlier; taking the plan up");
