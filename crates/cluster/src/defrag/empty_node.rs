@@ -44,6 +44,38 @@ fn share(r: &Resource) -> u32 {
     }
 }
 
+/// Where each of `moving` (in the scheduler's queue order) lands off `hosts[room]`: the first host
+/// that takes replacements, has a free unit of its resource left (given the moves before it) and
+/// passes its fit rules; or which pod has nowhere to go.
+pub fn place(room: usize, hosts: &[Host], moving: &[&GpuPod], pools: &Pools) -> Result<Vec<(String, String)>, String> {
+    let mut used: Vec<BTreeMap<Resource, u32>> = vec![BTreeMap::new(); hosts.len()];
+    let mut moves = Vec::new();
+    for p in moving {
+        let to = hosts.iter().enumerate().position(|(j, h)| {
+            let free = h.ledger.free(&p.resource).saturating_sub(used[j].get(&p.resource).copied().unwrap_or(0));
+            j != room
+                && h.takes_replacements
+                && free >= p.count
+                && crate::controller::fit::blocked(
+                    &p.constraints,
+                    &h.node.name,
+                    &h.node.labels,
+                    &h.node.taints,
+                    &h.node.room,
+                    &pools.taint.key,
+                )
+                .is_none()
+                && (!h.node.is_dedicated(pools) || p.dedicated)
+        });
+        let Some(j) = to else {
+            return Err(format!("{} has nowhere to go: no other node has a free {}", p.key, p.resource.name("mps")));
+        };
+        *used[j].entry(p.resource.clone()).or_default() += p.count;
+        moves.push((p.key.clone(), hosts[j].node.name.clone()));
+    }
+    Ok(moves)
+}
+
 /// The moves that empty `hosts[room]` for `waiting`, or why it cannot be emptied.
 pub fn empty(
     room: usize,
@@ -78,31 +110,7 @@ pub fn empty(
         }
     }
     bound.sort_by_key(|p| p.queue_order());
-    let mut used: Vec<BTreeMap<Resource, u32>> = vec![BTreeMap::new(); hosts.len()];
-    let mut moves = Vec::new();
-    for p in &bound {
-        let to = hosts.iter().enumerate().position(|(j, h)| {
-            let free = h.ledger.free(&p.resource).saturating_sub(used[j].get(&p.resource).copied().unwrap_or(0));
-            j != room
-                && h.takes_replacements
-                && free >= p.count
-                && crate::controller::fit::blocked(
-                    &p.constraints,
-                    &h.node.name,
-                    &h.node.labels,
-                    &h.node.taints,
-                    &h.node.room,
-                    &pools.taint.key,
-                )
-                .is_none()
-                && (!h.node.is_dedicated(pools) || p.dedicated)
-        });
-        let Some(j) = to else {
-            return Err(format!("{} has nowhere to go: no other node has a free {}", p.key, p.resource.name("mps")));
-        };
-        *used[j].entry(p.resource.clone()).or_default() += p.count;
-        moves.push((p.key.clone(), hosts[j].node.name.clone()));
-    }
+    let moves = place(room, hosts, &bound, pools)?;
     let share: u32 = bound.iter().map(|p| share(&p.resource) * p.count).sum();
     let age: i64 = bound.iter().map(|p| p.created.unwrap_or(now)).sum();
     Ok(Emptying { cost: (bound.len(), share, Reverse(age)), moves })
