@@ -234,24 +234,8 @@ mod tests {
     fn bound_pods_the_agent_has_not_flagged_make_their_kind_busy() {
         let g = r#"[{"i":0,"model":"A100-SXM4-80GB","mode":"mig","layout":["3g.40gb@0","3g.40gb@4"]}]"#;
         let node = GpuNode::read(&super::super::nodes::tests::node("n", g, &[], false)).unwrap().unwrap();
-        let pod = GpuPod {
-            key: "a/p".into(),
-            namespace: "a".into(),
-            name: "p".into(),
-            uid: String::new(),
-            resource: Resource::Mig("3g.40gb".parse().unwrap()),
-            count: 1,
-            standing: Standing::Bound { node: "n".into() },
-            dedicated: false,
-            also: Vec::new(),
-            unserved: None,
-            constraints: Default::default(),
-            scheduler_message: None,
-            priority: 0,
-            created: None,
-            owner: None,
-            movable: None,
-        };
+        let mut pod = super::super::pods::fixture("a", "p", Resource::Mig("3g.40gb".parse().unwrap()), 1, 0);
+        pod.standing = Standing::Bound { node: "n".into() };
         let model = crate::mig::catalog::lookup("A100-SXM4-80GB").unwrap();
         let (l, gpus) = ledger(&node, model, &[pod], None);
         assert_eq!(l.free(&Resource::Mig("3g.40gb".parse().unwrap())), 1);

@@ -296,6 +296,30 @@ fn read_any(pod: &Pod, mps_resource: &str, pools: &crate::pools::Pools) -> Resul
     }))
 }
 
+/// A pod for tests: `namespace/name` asking `count` of `resource`, unschedulable since `age`
+/// (also its creation time), tolerating nothing, opted in to nothing.
+#[cfg(test)]
+pub(crate) fn fixture(namespace: &str, name: &str, resource: Resource, count: u32, age: i64) -> GpuPod {
+    GpuPod {
+        key: format!("{namespace}/{name}"),
+        namespace: namespace.into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        resource,
+        count,
+        standing: Standing::Unschedulable { since: Some(age) },
+        dedicated: false,
+        also: Vec::new(),
+        unserved: None,
+        constraints: Default::default(),
+        scheduler_message: None,
+        priority: 0,
+        created: Some(age),
+        owner: None,
+        movable: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

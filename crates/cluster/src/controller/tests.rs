@@ -31,24 +31,7 @@ fn node(name: &str, gpus: &[&str]) -> GpuNode {
 }
 
 fn pod(name: &str, resource: Resource, count: u32, age: i64) -> GpuPod {
-    GpuPod {
-        key: format!("serving/{name}"),
-        namespace: "serving".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        resource,
-        count,
-        standing: Standing::Unschedulable { since: Some(age) },
-        dedicated: false,
-        also: Vec::new(),
-        unserved: None,
-        constraints: Default::default(),
-        scheduler_message: None,
-        priority: 0,
-        created: Some(age),
-        owner: None,
-        movable: None,
-    }
+    super::pods::fixture("serving", name, resource, count, age)
 }
 
 fn mig(p: &str) -> Resource {

@@ -15,27 +15,15 @@ fn node(name: &str, items: &[&str]) -> GpuNode {
 }
 
 fn pod(name: &str, profile: &str, on: Option<&str>, movable: bool) -> GpuPod {
-    GpuPod {
-        key: format!("ml/{name}"),
-        namespace: "ml".into(),
-        name: name.into(),
-        uid: String::new(),
-        resource: Resource::Mig(profile.parse().unwrap()),
-        count: 1,
-        standing: match on {
-            Some(n) => Standing::Bound { node: n.into() },
-            None => Standing::Unschedulable { since: Some(5) },
-        },
-        dedicated: false,
-        also: Vec::new(),
-        unserved: None,
-        constraints: Default::default(),
-        scheduler_message: None,
-        priority: 0,
-        created: Some(1),
-        owner: movable.then(|| Owner { kind: "ReplicaSet".into(), name: format!("rs-{name}") }),
-        movable: movable.then(|| "true".into()),
+    let mut p = crate::controller::pods::fixture("ml", name, Resource::Mig(profile.parse().unwrap()), 1, 1);
+    if let Some(n) = on {
+        p.standing = Standing::Bound { node: n.into() };
     }
+    if movable {
+        p.owner = Some(Owner { kind: "ReplicaSet".into(), name: format!("rs-{name}") });
+        p.movable = Some("true".into());
+    }
+    p
 }
 
 fn room(nodes: &[GpuNode], pods: &[GpuPod], waiting: &GpuPod) -> Option<GpuRoom> {
