@@ -173,6 +173,7 @@ impl Defrag {
             (std::cmp::Reverse(prio), p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()), key(p))
         });
         let k8s_nodes: Vec<k8s_openapi::api::core::v1::Node> = seen.nodes.iter().map(|n| (**n).clone()).collect();
+        let candidates = if waiting.is_empty() { Vec::new() } else { self.movable_pods(seen, &k8s_nodes, now) };
         for (p, want) in waiting {
             let k = key(p);
             if let Some(f) = self.failed.get(&k) {
@@ -183,7 +184,7 @@ impl Defrag {
             let free: Vec<room::Node> =
                 seen.rooms.iter().filter(|n| !self.campaigns.contains_key(&n.name)).cloned().collect();
             let lands = dra_world::lands(p, &k8s_nodes);
-            let movable = self.movable(seen, p, &k8s_nodes, now);
+            let movable = for_waiting(&candidates, p, &self.rules, now);
             let bounds = Bounds { max_pods: self.args.defrag_max_pods as usize, ..Bounds::default() };
             let search = room::plan(&free, &want, &|n: &str| lands.contains(n), &movable, bounds);
             if search.cut {
@@ -280,30 +281,46 @@ impl Defrag {
     }
 
     /// The pods that may move for waiting pod `w`: bound, not leaving, opted in and allowed by
-    /// the rules, each with the nodes its replacement may land on.
-    pub(super) fn movable(
+    /// The pods on DRA nodes that may move for some waiting pod, with the nodes each may land on
+    /// (computed once a batch): bound, not leaving, opted in and within the rules; whether one
+    /// belongs to a given waiting pod's own workload is judged per waiting pod ([`for_waiting`]).
+    pub(super) fn movable_pods(
         &self,
         seen: &Seen,
-        w: &Pod,
         nodes: &[k8s_openapi::api::core::v1::Node],
         now: i64,
-    ) -> BTreeMap<String, Movable> {
-        let waiting = RunningPod::read(w);
+    ) -> Vec<(RunningPod, Movable)> {
         let held: BTreeSet<&str> =
             seen.rooms.iter().flat_map(|n| &n.gpus).flat_map(|g| g.held.iter().map(|h| h.by.as_str())).collect();
-        let mut out = BTreeMap::new();
+        let mut out = Vec::new();
         for k in held {
             let Some(p) = seen.pods.get(k) else { continue };
             if bound_node(p).is_none() || p.metadata.deletion_timestamp.is_some() {
                 continue;
             }
             let r = RunningPod::read(p);
-            if immovable(&r, &waiting.namespace, waiting.owner.as_ref(), &self.rules, now).is_some() {
+            // No waiting pod's workload here: every rule but that one.
+            if immovable(&r, "", None, &self.rules, now).is_some() {
                 continue;
             }
-            let lands = Some(dra_world::lands(p, nodes));
-            out.insert(k.to_string(), Movable { created: r.created.unwrap_or(now), lands });
+            let m = Movable { created: r.created.unwrap_or(now), lands: Some(dra_world::lands(p, nodes)) };
+            out.push((r, m));
         }
         out
     }
+}
+
+/// Of `movable`, those that may move for waiting pod `w` (not of its own workload).
+fn for_waiting(
+    movable: &[(RunningPod, Movable)],
+    w: &Pod,
+    rules: &gpupart_cluster::defrag::movable::MoveRules,
+    now: i64,
+) -> BTreeMap<String, Movable> {
+    let waiting = RunningPod::read(w);
+    movable
+        .iter()
+        .filter(|(r, _)| immovable(r, &waiting.namespace, waiting.owner.as_ref(), rules, now).is_none())
+        .map(|(r, m)| (r.key.clone(), m.clone()))
+        .collect()
 }

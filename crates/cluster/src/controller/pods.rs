@@ -25,6 +25,16 @@ pub enum Resource {
 }
 
 impl Resource {
+    /// The compute slices one unit takes: a MIG profile's GPU-instance slices, a whole GPU 8,
+    /// an MPS slot 1 (how the defragmenter weighs a move's GPU share).
+    pub fn compute_slices(&self) -> u32 {
+        match self {
+            Resource::Mig(p) => p.gi_slices,
+            Resource::Gpu => 8,
+            Resource::Mps => 1,
+        }
+    }
+
     /// The Kubernetes resource name (`mps` is the configured slot resource).
     pub fn name(&self, mps_resource: &str) -> String {
         match self {
@@ -235,6 +245,14 @@ fn resource_of(res_name: &str, mps_resource: &str) -> Result<Resource, String> {
     Ok(Resource::Mig(p))
 }
 
+/// The scheduler's `PodScheduled=False, reason Unschedulable` condition on a pod, if it has it.
+pub fn unschedulable_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
+    pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+        cs.iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+    })
+}
+
 /// [`read`] for a pod in any phase.
 fn read_any(pod: &Pod, mps_resource: &str, pools: &crate::pools::Pools) -> Result<Option<GpuPod>, NotServed> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
@@ -261,10 +279,7 @@ fn read_any(pod: &Pod, mps_resource: &str, pools: &crate::pools::Pools) -> Resul
     });
     let spec = pod.spec.as_ref();
     let node = spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
-    let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-        cs.iter()
-            .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
-    });
+    let unschedulable = unschedulable_condition(pod);
     let standing = match (node, unschedulable) {
         (Some(node), _) => Standing::Bound { node },
         (None, Some(c)) => Standing::Unschedulable { since: c.last_transition_time.as_ref().map(seconds) },

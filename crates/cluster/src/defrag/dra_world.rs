@@ -101,17 +101,16 @@ pub fn nodes(slices: &[ResourceSlice], claims: &[ResourceClaim], driver: &str) -
             .map_or_else(|| claim_holder(ns, name), |r| format!("{ns}/{}", r.name));
         let results = status.allocation.as_ref().and_then(|a| a.devices.as_ref()).and_then(|d| d.results.as_ref());
         for r in results.into_iter().flatten().filter(|r| r.driver == driver) {
-            let Some(node) = out.iter_mut().find(|n| n.name == r.pool) else { continue };
-            let tables: BTreeMap<u32, crate::mig::ProfileTable> =
-                node.gpus.iter().map(|g| (g.index, g.table.clone())).collect();
-            let Some(d) = DeviceRef::parse(&r.device, |i| tables.get(&i)) else {
+            let Some(at) = out.iter().position(|n| n.name == r.pool) else { continue };
+            let table_of = |i: u32| out[at].gpus.iter().find(|g| g.index == i).map(|g| &g.table);
+            let Some(d) = DeviceRef::parse(&r.device, table_of) else {
                 problems.push(format!(
                     "claim {ns}/{name}: device {} of pool {} is not one gpupart publishes",
                     r.device, r.pool
                 ));
                 continue;
             };
-            if let Some(g) = node.gpus.iter_mut().find(|g| g.index == d.gpu) {
+            if let Some(g) = out[at].gpus.iter_mut().find(|g| g.index == d.gpu) {
                 g.held.push(Held { kind: d.kind, by: by.clone() });
                 if d.kind == gpupart_node::dra::devices::DeviceKind::Gpu {
                     g.mig_enabled = false;
@@ -130,11 +129,7 @@ pub fn unschedulable(pod: &Pod) -> bool {
     !bound
         && phase == "Pending"
         && pod.metadata.deletion_timestamp.is_none()
-        && pod.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
-            })
-        })
+        && crate::controller::pods::unschedulable_condition(pod).is_some()
 }
 
 /// The names of the ResourceClaims a pod uses (those made from a template once the claim

@@ -35,15 +35,6 @@ pub struct Emptying {
     pub cost: (usize, u32, Reverse<i64>),
 }
 
-/// Compute slices a unit of `r` takes (a whole GPU: 8).
-fn share(r: &Resource) -> u32 {
-    match r {
-        Resource::Mig(p) => p.to_string().split('g').next().and_then(|n| n.parse().ok()).unwrap_or(1),
-        Resource::Gpu => 8,
-        Resource::Mps => 1,
-    }
-}
-
 /// Where each of `moving` (in the scheduler's queue order) lands off `hosts[room]`: the first host
 /// that takes replacements, has a free unit of its resource left (given the moves before it) and
 /// passes its fit rules; or which pod has nowhere to go.
@@ -111,7 +102,7 @@ pub fn empty(
     }
     bound.sort_by_key(|p| p.queue_order());
     let moves = place(room, hosts, &bound, pools)?;
-    let share: u32 = bound.iter().map(|p| share(&p.resource) * p.count).sum();
+    let share: u32 = bound.iter().map(|p| p.resource.compute_slices() * p.count).sum();
     let age: i64 = bound.iter().map(|p| p.created.unwrap_or(now)).sum();
     Ok(Emptying { cost: (bound.len(), share, Reverse(age)), moves })
 }

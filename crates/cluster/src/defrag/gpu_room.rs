@@ -31,14 +31,6 @@ pub struct GpuRoom {
     pub cost: (usize, u32, Reverse<i64>, u32),
 }
 
-/// Compute slices of a MIG resource (`3g.40gb`: 3).
-fn slices(r: &Resource) -> u32 {
-    match r {
-        Resource::Mig(p) => p.to_string().split('g').next().and_then(|n| n.parse().ok()).unwrap_or(1),
-        _ => 0,
-    }
-}
-
 /// The cheapest room for `waiting` (one instance of a MIG profile) on a GPU of `hosts`, where
 /// `model_of` gives a host's GPU model; `None` when no GPU qualifies.
 pub fn plan(
@@ -119,7 +111,7 @@ pub fn plan(
             };
             moved.sort_by_key(|p| p.queue_order());
             let Ok(moves) = place(i, hosts, &moved, pools) else { continue };
-            let share: u32 = moved.iter().map(|p| slices(&p.resource) * p.count).sum();
+            let share: u32 = moved.iter().map(|p| p.resource.compute_slices() * p.count).sum();
             let age: i64 = moved.iter().map(|p| p.created.unwrap_or(now)).sum();
             let cost = (moved.len(), share, Reverse(age), o.destroyed);
             let room = GpuRoom { node: node.name.clone(), gpu: g.index, spec: o.spec, moves, cost };
