@@ -37,26 +37,26 @@ pub(super) struct Campaign {
     /// Since when the pod waits (seconds).
     pub(super) since: i64,
     pub(super) node: String,
-    pub(super) reservation: Reservation,
+    /// When the room is released unless the waiting pod got it (seconds).
+    pub(super) until: i64,
+    /// On a DRA node, the reservation written on it; `None` on a label-mode node reserved for a
+    /// tensor-parallel pod (its taint keeps the replacements off; no annotation).
+    pub(super) reservation: Option<Reservation>,
     pub(super) steps: Vec<Step>,
     /// The node and the pods, to recognize the same plan again.
     pub(super) signature: String,
     /// Adopted from a reservation another replica wrote: the steps are the movable pods found
     /// on the room.
     pub(super) adopted: bool,
-    /// A label-mode node reserved for a tensor-parallel pod (its taint keeps the replacements
-    /// off; no annotation).
-    pub(super) label: bool,
 }
 
 impl Campaign {
     /// The room in words: `one 7g.80gb device on node gpu-1 GPU 0`, `node gpu-a, reserved for it`.
     pub(super) fn room(&self) -> String {
-        if self.label {
-            return format!("node {}, reserved for it", self.node);
+        match &self.reservation {
+            None => format!("node {}, reserved for it", self.node),
+            Some(r) => format!("{} on node {} {}", words(&r.wants), self.node, gpus_words(&r.gpus)),
         }
-        let r = &self.reservation;
-        format!("{} on node {} {}", words(&r.wants), self.node, gpus_words(&r.gpus))
     }
 }
 

@@ -33,7 +33,7 @@ impl Defrag {
             Some(p) => match bound_node(p) {
                 Some(n) if n == c.node => Some((End::Served, format!("bound to node {n}, into the room"))),
                 Some(n) => Some((End::ServedElsewhere, format!("bound to node {n}, not into the room"))),
-                None if now >= c.reservation.until => {
+                None if now >= c.until => {
                     let pending = |s: &&Step| !s.done;
                     Some(match c.steps.iter().filter(pending).find_map(|s| s.blocked.clone()) {
                         Some(why) => (End::Blocked, format!("a PodDisruptionBudget kept a pod in place: {why}")),
@@ -50,13 +50,13 @@ impl Defrag {
             self.end(cluster, metrics, c, end, &why, now).await;
             return;
         }
-        if !c.label {
+        if let Some(reservation) = c.reservation.clone() {
             let Some(room) = seen.rooms.iter().find(|r| r.name == c.node) else {
                 self.end(cluster, metrics, c, End::Abandoned, "the node no longer publishes its devices", now).await;
                 return;
             };
             if c.adopted && c.steps.is_empty() {
-                match self.steps_on_room(seen, room, &c) {
+                match self.steps_on_room(seen, room, &c, &reservation.gpus, now) {
                     Ok(steps) => c.steps = steps,
                     Err(why) => {
                         self.end(cluster, metrics, c, End::Abandoned, &why, now).await;
@@ -64,7 +64,7 @@ impl Defrag {
                     }
                 }
             }
-            if !dra_world::reservation_published(&seen.slices, &self.args.dra_driver, room, &c.reservation, now) {
+            if !dra_world::reservation_published(&seen.slices, &self.args.dra_driver, room, &reservation, now) {
                 tracing::debug!(node, "waiting for the agent to publish the reservation before evicting");
                 self.campaigns.insert(node.to_string(), c);
                 return;
@@ -158,18 +158,24 @@ impl Defrag {
     }
 
     /// The steps of an adopted plan: the pods on the reserved GPUs, all of which must be movable.
-    pub(super) fn steps_on_room(&self, seen: &Seen, room: &room::Node, c: &Campaign) -> Result<Vec<Step>, String> {
+    pub(super) fn steps_on_room(
+        &self,
+        seen: &Seen,
+        room: &room::Node,
+        c: &Campaign,
+        gpus: &[u32],
+        now: i64,
+    ) -> Result<Vec<Step>, String> {
         let waiting = seen.pods.get(&c.waiting);
         let (wns, wowner) = waiting.map_or(("default".to_string(), None), |p| {
             let r = RunningPod::read(p);
             (r.namespace.clone(), r.owner)
         });
-        let now = crate::clock::now_secs();
         let mut steps = Vec::new();
         let holders: BTreeSet<&str> = room
             .gpus
             .iter()
-            .filter(|g| c.reservation.gpus.contains(&g.index))
+            .filter(|g| gpus.contains(&g.index))
             .flat_map(|g| g.held.iter().map(|h| h.by.as_str()))
             .collect();
         for by in holders {

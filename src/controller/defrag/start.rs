@@ -7,7 +7,7 @@ use gpupart_cluster::controller::decide::Drain;
 use gpupart_cluster::defrag::dra_world;
 use gpupart_cluster::defrag::movable::{immovable, RunningPod};
 use gpupart_cluster::defrag::room::{self, Bounds, Movable, Want};
-use gpupart_node::dra::reservation::{Reservation, Wants, ANNOTATION};
+use gpupart_node::dra::reservation::{Reservation, ANNOTATION};
 use k8s_openapi::api::core::v1::Pod;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -80,16 +80,11 @@ impl Defrag {
                     uid: p.metadata.uid.clone(),
                     since: waiting_since(p, now),
                     node: d.node.clone(),
-                    reservation: Reservation {
-                        pod: d.for_pod.clone(),
-                        gpus: Vec::new(),
-                        wants: Wants::Whole(0),
-                        until,
-                    },
+                    until,
+                    reservation: None,
                     steps,
                     signature,
                     adopted: false,
-                    label: true,
                 },
             );
         }
@@ -130,10 +125,10 @@ impl Defrag {
                     since,
                     node: name.to_string(),
                     signature: format!("{name}:{}", gpus_words(&r.gpus)),
-                    reservation: r,
+                    until: r.until,
+                    reservation: Some(r),
                     steps: Vec::new(),
                     adopted: true,
-                    label: false,
                 },
             );
         }
@@ -270,11 +265,11 @@ impl Defrag {
                     uid: p.metadata.uid.clone(),
                     since: waiting_since(p, now),
                     node: plan.node.clone(),
-                    reservation,
+                    until,
+                    reservation: Some(reservation),
                     steps,
                     signature,
                     adopted: false,
-                    label: false,
                 },
             );
         }
