@@ -530,6 +530,7 @@ fn run(setup: Setup, pods: &[TracePod]) -> Figures {
                     reserve_for_dedicated: false,
                     pools: Pools::default(),
                     defrag: None,
+                    room_secs: 600,
                 },
                 _ => Options {
                     reclaim_after_secs,

@@ -107,6 +107,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         reserve_for_dedicated: a.reserve_for_dedicated,
         pools: a.pools()?,
         defrag: a.defrag.defrag.then(|| a.defrag.rules()),
+        room_secs: a.defrag.defrag_confirm_timeout.as_secs() as i64,
     };
     let mut was_leader: Option<bool> = None;
     loop {
@@ -264,7 +265,8 @@ async fn one_batch(
             "batch decided"
         );
     }
-    carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &layouts, &outcome, now, &opts.pools).await;
+    let made =
+        carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &layouts, &outcome, now, &opts.pools).await;
     let by_key: BTreeMap<&str, &GpuPod> = gpu_pods.iter().map(|p| (p.key.as_str(), p)).collect();
     let mut still: BTreeSet<String> = BTreeSet::new();
     for n in outcome.not_served.iter().chain(&refused) {
@@ -281,7 +283,7 @@ async fn one_batch(
     }
     memory.told.retain(|k, _| still.contains(k));
     if let Some(d) = memory.defrag.as_mut() {
-        d.step(cluster, elector, metrics, &outcome.drains, now).await;
+        d.step(cluster, elector, metrics, &outcome.drains, &made, now).await;
     }
     Ok(())
 }
@@ -327,9 +329,12 @@ fn verb(kind: &Kind, dry_run: bool) -> (&'static str, &'static str) {
         (Kind::Reclaim, false) => ("Reclaiming", "returning to the shared pool"),
         (Kind::Reserve, true) => ("WillReserve", "will reserve"),
         (Kind::Reserve, false) => ("Reserving", "reserving"),
+        (Kind::MakeRoom, true) => ("WillMakeRoom", "will make room on"),
+        (Kind::MakeRoom, false) => ("MakingRoom", "making room on"),
     }
 }
 
+/// Carries the batch's decisions out; returns the nodes whose patches landed.
 #[allow(clippy::too_many_arguments)]
 async fn carry_out(
     a: &ControllerArgs,
@@ -343,11 +348,22 @@ async fn carry_out(
     outcome: &Outcome,
     now: i64,
     pools: &Pools,
-) {
+) -> BTreeSet<String> {
+    let mut made = BTreeSet::new();
     let by_key: BTreeMap<&str, &GpuPod> = pods.iter().map(|p| (p.key.as_str(), p)).collect();
     let mut planned: Vec<(&Decision, &GpuNode, Target)> = Vec::new();
     for d in &outcome.decisions {
         let Some(node) = nodes.iter().find(|n| n.name == d.node) else { continue };
+        // A room the defragmenter refuses now (its pod's last plan failed) is not made.
+        let drain = outcome.drains.iter().find(|x| x.node == d.node && x.room.is_some());
+        if let (Some(defrag), Some(drain)) = (memory.defrag.as_mut(), drain) {
+            if let Some(why) = defrag.refuses(drain, now) {
+                if defrag.tell(&drain.for_pod, &why) {
+                    tracing::info!(pod = %drain.for_pod, node = %d.node, reason = %why, "no room made for this pod now");
+                }
+                continue;
+            }
+        }
         match target_layout(d) {
             Ok(l) => planned.push((d, node, l)),
             Err(e) => tracing::warn!(node = %d.node, error = %e, "cannot render the layout; skipped"),
@@ -356,7 +372,7 @@ async fn carry_out(
     if !a.dry_run && !planned.is_empty() {
         if !elector.renew_if_due().await {
             tracing::warn!("lost the Lease; the decisions are left to the next leader");
-            return;
+            return made;
         }
         let generated: Vec<Generated> = planned
             .iter()
@@ -365,13 +381,13 @@ async fn carry_out(
         let requested: BTreeSet<String> = planned.iter().filter_map(|(_, _, t)| t.name().map(str::to_string)).collect();
         if let Err(e) = write_layouts(cluster, nodes, requested, &generated, layouts).await {
             tracing::warn!(error = %format!("{e:#}"), "writing the layouts failed; the next batch decides again");
-            return;
+            return made;
         }
     }
     for (d, node, layout) in planned {
         if !a.dry_run && !elector.renew_if_due().await {
             tracing::warn!("lost the Lease; the remaining decisions are left to the next leader");
-            return;
+            return made;
         }
         let (reason, words) = verb(&d.kind, a.dry_run);
         let shown = layout.name().unwrap_or("none").to_string();
@@ -381,6 +397,7 @@ async fn carry_out(
                 tracing::warn!(node = %d.node, error = %format!("{e:#}"), "not done, the node patch was refused ({note}); the next batch decides again");
                 continue;
             }
+            made.insert(d.node.clone());
         }
         // Logged once it is done (or, in a dry run, decided).
         tracing::info!(
@@ -404,7 +421,7 @@ async fn carry_out(
                     _ => p.created.unwrap_or(now),
                 })
                 .collect();
-            if d.kind != Kind::Reserve {
+            if !matches!(d.kind, Kind::Reserve | Kind::MakeRoom) {
                 memory.inflight.insert(d.node.clone(), (layout.name().map(str::to_string), since));
             }
         }
@@ -418,6 +435,7 @@ async fn carry_out(
             cluster.event(&pod_ref(&p.namespace, &p.name, &p.uid), false, reason, d.kind.as_str(), &note).await;
         }
     }
+    made
 }
 
 /// Patches the node with the decision. A patch refused because the node changed since it was

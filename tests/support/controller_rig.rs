@@ -74,6 +74,12 @@ impl Rig {
         self.scheduler = Some(Scheduler::start(self.api.clone(), self.nodes.clone()));
     }
 
+    /// Starts the binding stand-in with each node's kubelet PodResources API, so the agents name
+    /// the pods holding each instance.
+    pub fn schedule_with_kubelets(&mut self) {
+        self.scheduler = Some(Scheduler::start_with_kubelets(self.api.clone(), self.nodes.clone()));
+    }
+
     /// Starts a controller with `extra` flags; its log (info) goes to `<dir>/<identity>.log`.
     pub fn controller(&self, identity: &str, extra: &[&str]) -> Proc {
         // Each controller authenticates as `controller` (the RBAC test reads its requests).
@@ -176,6 +182,70 @@ impl Rig {
     pub fn layouts(&self) -> String {
         let cm = self.api.get("configmaps", LAYOUTS.0, LAYOUTS.1).unwrap_or(Value::Null);
         cm["data"]["config.yaml"].as_str().unwrap_or("").to_string()
+    }
+
+    /// A ReplicaSet `name` in `ns` (pods labelled `app: name`, asking one `resource` each, opted in
+    /// to moves when `movable`), its pods `<name>-a`, `<name>-b`, … each waited for until it runs
+    /// on `node`, and a PodDisruptionBudget letting one of them be down.
+    pub fn replicas(&self, ns: &str, name: &str, resource: &str, count: usize, movable: bool, node: &str) {
+        let annotations = if movable { json!({"gpupart.io/movable": "true"}) } else { json!({}) };
+        let metadata = json!({"labels": {"app": name}, "annotations": annotations});
+        let uid = format!("uid-rs-{name}");
+        let template = super::scheduler::gpu_pod(ns, "x", resource, 1, false);
+        self.api.put(
+            "replicasets",
+            json!({"metadata": {"namespace": ns, "name": name, "uid": uid},
+                   "spec": {"replicas": count, "selector": {"matchLabels": {"app": name}},
+                            "template": {"metadata": metadata, "spec": template["spec"]}}}),
+        );
+        for k in 0..count {
+            let pod = format!("{name}-{}", char::from(b'a' + k as u8));
+            let mut p = super::scheduler::gpu_pod(ns, &pod, resource, 1, false);
+            p["metadata"]["labels"] = metadata["labels"].clone();
+            p["metadata"]["annotations"] = metadata["annotations"].clone();
+            p["metadata"]["ownerReferences"] =
+                json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": uid, "controller": true}]);
+            self.api.put("pods", p);
+            self.wait(&format!("{pod} runs on {node}"), 30, |r| {
+                r.pod(ns, &pod) == ("Running".into(), Some(node.to_string()))
+            });
+        }
+        self.api.put(
+            "poddisruptionbudgets",
+            json!({"metadata": {"namespace": ns, "name": name, "generation": 1},
+                   "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": name}}}}),
+        );
+    }
+
+    /// The pods of ReplicaSet `app` bound to `node`.
+    pub fn replicas_on(&self, app: &str, node: &str) -> Vec<String> {
+        self.api
+            .pods()
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["app"] == app && p["spec"]["nodeName"] == node)
+            .map(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    /// The pods evicted to make room (their `Defragmenting` Events, not the waiting pod's), in
+    /// order, with the Events' notes.
+    pub fn evicted(&self, waiting: &str) -> Vec<(String, String)> {
+        let events = self.api.events().into_iter();
+        events.filter(|(on, r, _)| r == "Defragmenting" && on != waiting).map(|(on, _, note)| (on, note)).collect()
+    }
+
+    /// Waits until `waiting` (in `ns`) was told why it waits, a moment more, then checks that it
+    /// is still Pending, that `running` still run and that no pod was moved.
+    pub fn assert_nothing_moved(&self, ns: &str, waiting: &str, running: &[&str]) {
+        self.wait(&format!("{waiting} told why it waits"), 30, |r| {
+            r.api.events().iter().any(|(on, r, _)| on == waiting && r == "NotServed")
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        for name in running {
+            assert_eq!(self.pod(ns, name).0, "Running", "{name}");
+        }
+        assert_eq!(self.evicted(waiting), Vec::new());
+        assert_eq!(self.pod(ns, waiting).0, "Pending");
     }
 
     /// Stops the agents (before the nodes' directories go).

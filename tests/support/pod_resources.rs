@@ -15,15 +15,22 @@ use tonic::{Request, Response, Status};
 /// One allocated device: namespace, pod, container, resource, device id.
 pub type Alloc = (&'static str, &'static str, &'static str, String, String);
 
+/// [`Alloc`] with owned names (pods made as a test runs).
+pub type OwnedAlloc = (String, String, String, String, String);
+
+fn owned(allocs: Vec<Alloc>) -> Vec<OwnedAlloc> {
+    allocs.into_iter().map(|(ns, pod, c, r, id)| (ns.into(), pod.into(), c.into(), r, id)).collect()
+}
+
 #[derive(Default)]
 struct State {
-    current: Vec<Alloc>,
-    script: VecDeque<Vec<Alloc>>,
+    current: Vec<OwnedAlloc>,
+    script: VecDeque<Vec<OwnedAlloc>>,
     calls: usize,
     allocatable: Vec<(String, String)>,
 }
 
-fn response(allocs: &[Alloc]) -> ListPodResourcesResponse {
+fn response(allocs: &[OwnedAlloc]) -> ListPodResourcesResponse {
     let mut pods: Vec<PodResources> = Vec::new();
     for (ns, pod, container, resource, id) in allocs {
         let idx = match pods.iter().position(|p| p.name == *pod && p.namespace == *ns) {
@@ -115,6 +122,11 @@ impl FakePodResources {
 
     /// Answers every `List` with these allocations from now on.
     pub fn set(&self, allocs: Vec<Alloc>) {
+        self.set_owned(owned(allocs));
+    }
+
+    /// [`FakePodResources::set`] with owned names.
+    pub fn set_owned(&self, allocs: Vec<OwnedAlloc>) {
         let mut st = self.state.lock().unwrap();
         st.script.clear();
         st.current = allocs;
@@ -122,7 +134,7 @@ impl FakePodResources {
 
     /// Answers the next calls with these lists, one per call (the last then stays).
     pub fn script(&self, lists: Vec<Vec<Alloc>>) {
-        self.state.lock().unwrap().script = lists.into();
+        self.state.lock().unwrap().script = lists.into_iter().map(owned).collect();
     }
 
     /// What `GetAllocatableResources` answers: (resource, device id).

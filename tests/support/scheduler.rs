@@ -6,9 +6,13 @@
 //! reconfiguring are skipped (NVIDIA's device plugin is paused then), and the dedicated taint
 //! keeps pods without its toleration away. Required inter-pod affinity and anti-affinity are
 //! filtered as kube-scheduler's InterPodAffinity plugin does, against the pods bound before and
-//! those bound earlier in the same pass. Deleting a pod stops its processes.
+//! those bound earlier in the same pass. Deleting a pod stops its processes. Started with
+//! kubelets, it also plays each node's kubelet PodResources API (a fake over the node's real
+//! socket): `List` names the devices of every pod bound there, as the kubelet reports the device
+//! plugin's allocations (MIG devices by UUID), until the pod is deleted.
 
 use super::apiserver::{now_rfc3339, ApiServer};
+use super::pod_resources::{FakePodResources, OwnedAlloc};
 use super::Node;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -88,16 +92,72 @@ fn free(node: &Value, name: &str, resource: &str, given: &BTreeMap<String, Vec<D
 impl Scheduler {
     /// Starts binding pods on `api`'s nodes; `nodes` maps node names to their simulated GPUs.
     pub fn start(api: Arc<ApiServer>, nodes: BTreeMap<String, Arc<Node>>) -> Self {
+        Self::run(api, nodes, false)
+    }
+
+    /// [`Scheduler::start`], also serving each node's PodResources socket.
+    pub fn start_with_kubelets(api: Arc<ApiServer>, nodes: BTreeMap<String, Arc<Node>>) -> Self {
+        Self::run(api, nodes, true)
+    }
+
+    fn run(api: Arc<ApiServer>, nodes: BTreeMap<String, Arc<Node>>, kubelets: bool) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let given: Arc<Mutex<BTreeMap<String, Vec<Device>>>> = Arc::default();
         let (s, g) = (stop.clone(), given.clone());
+        let kubelets: BTreeMap<String, FakePodResources> = if kubelets {
+            nodes.iter().map(|(n, node)| (n.clone(), FakePodResources::start(&node.pod_resources_socket()))).collect()
+        } else {
+            BTreeMap::new()
+        };
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 step(&api, &nodes, &g);
+                if !kubelets.is_empty() {
+                    report(&api, &nodes, &g, &kubelets);
+                }
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
         Self { stop, thread: Some(thread), given }
+    }
+}
+
+/// Each node's PodResources `List`: the devices given to the pods that still exist.
+fn report(
+    api: &ApiServer,
+    nodes: &BTreeMap<String, Arc<Node>>,
+    given: &Mutex<BTreeMap<String, Vec<Device>>>,
+    kubelets: &BTreeMap<String, FakePodResources>,
+) {
+    let pods: Vec<Value> = api.store().all("pods").into_iter().cloned().collect();
+    let given = given.lock().unwrap();
+    let mut per_node: BTreeMap<&str, Vec<OwnedAlloc>> = kubelets.keys().map(|n| (n.as_str(), Vec::new())).collect();
+    for p in &pods {
+        let (Some(devices), Some(asks)) = (given.get(&key(p)), request(p)) else { continue };
+        let resources = asks.iter().flat_map(|(r, n)| std::iter::repeat_n(r.clone(), *n as usize));
+        for (d, resource) in devices.iter().zip(resources) {
+            let (Some(node), Some(list)) = (nodes.get(&d.0), per_node.get_mut(d.0.as_str())) else { continue };
+            let Some(id) = device_id(node, d) else { continue };
+            let ns = p["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+            let name = p["metadata"]["name"].as_str().unwrap_or("").to_string();
+            list.push((ns, name, "server".into(), resource, id));
+        }
+    }
+    for (n, allocs) in per_node {
+        kubelets[n].set_owned(allocs);
+    }
+}
+
+/// The id the device plugin gives a device: the MIG device's UUID, or the GPU's.
+fn device_id(node: &Node, d: &Device) -> Option<String> {
+    let s = node.load();
+    let gpu = s.gpus.iter().find(|g| g.index == d.1)?;
+    match d.2 {
+        None => Some(gpu.uuid.clone()),
+        Some(start) => {
+            let gi = gpu.gpu_instances.iter().find(|gi| gi.placement.start == start)?;
+            Some(gi.compute_instances.first()?.uuid.clone())
+        }
     }
 }
 

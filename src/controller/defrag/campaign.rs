@@ -1,5 +1,6 @@
 //! A plan under way: its evictions, how it ended, and the words the logs and Events use.
 
+use gpupart_cluster::defrag::gpu_room::RoomNote;
 use gpupart_cluster::defrag::movable::Owner;
 use gpupart_cluster::defrag::room::{self, Want};
 use gpupart_node::dra::reservation::{Reservation, Wants};
@@ -39,9 +40,8 @@ pub(super) struct Campaign {
     pub(super) node: String,
     /// When the room is released unless the waiting pod got it (seconds).
     pub(super) until: i64,
-    /// On a DRA node, the reservation written on it; `None` on a label-mode node reserved for a
-    /// tensor-parallel pod (its taint keeps the replacements off; no annotation).
-    pub(super) reservation: Option<Reservation>,
+    /// What keeps the room for the waiting pod.
+    pub(super) hold: Hold,
     pub(super) steps: Vec<Step>,
     /// The node and the pods, to recognize the same plan again.
     pub(super) signature: String,
@@ -50,12 +50,25 @@ pub(super) struct Campaign {
     pub(super) adopted: bool,
 }
 
+/// What keeps a room for the waiting pod until it is bound there.
+#[derive(Debug, Clone)]
+pub(super) enum Hold {
+    /// A label-mode node reserved for a tensor-parallel pod: the dedicated pool's taint keeps the
+    /// replacements off (the batch's decision wrote it; nothing else to release).
+    Node,
+    /// A DRA node: the reservation annotation, which the agent turns into device taints.
+    Dra(Reservation),
+    /// A label-mode GPU being re-cut: the room annotation and taint the decision wrote.
+    Gpu(RoomNote),
+}
+
 impl Campaign {
     /// The room in words: `one 7g.80gb device on node gpu-1 GPU 0`, `node gpu-a, reserved for it`.
     pub(super) fn room(&self) -> String {
-        match &self.reservation {
-            None => format!("node {}, reserved for it", self.node),
-            Some(r) => format!("{} on node {} {}", words(&r.wants), self.node, gpus_words(&r.gpus)),
+        match &self.hold {
+            Hold::Node => format!("node {}, reserved for it", self.node),
+            Hold::Dra(r) => format!("{} on node {} {}", words(&r.wants), self.node, gpus_words(&r.gpus)),
+            Hold::Gpu(n) => format!("one {} instance on node {} GPU {}", n.profile, self.node, n.gpu),
         }
     }
 }

@@ -3,7 +3,9 @@
 //! could not allocate, the cheapest set of movable pods whose leaving makes room for it
 //! ([`gpupart_cluster::defrag::room`]), the room reserved on the node first (the agent taints it);
 //! on label-driven nodes, the node the batch's decision reserved for a tensor-parallel pod
-//! ([`gpupart_cluster::defrag::empty_node`]). Then the pods are evicted through the Eviction API,
+//! ([`gpupart_cluster::defrag::empty_node`]) and the GPU its decision re-cuts for a MIG pod
+//! ([`gpupart_cluster::defrag::gpu_room`]; the room's taint is lifted here once the agent has
+//! re-cut it). Then the pods are evicted through the Eviction API,
 //! one per workload at a time, within the hourly caps; the plan is confirmed when the waiting pod
 //! is bound into the room, or released when it is not within the confirm timeout.
 //!
@@ -127,7 +129,7 @@ impl Defrag {
     }
 
     /// Says `what` about `pod` once (until something else is said).
-    fn tell(&mut self, pod: &str, what: &str) -> bool {
+    pub fn tell(&mut self, pod: &str, what: &str) -> bool {
         if self.told.get(pod).map(String::as_str) == Some(what) {
             return false;
         }
@@ -135,14 +137,26 @@ impl Defrag {
         true
     }
 
+    /// Why the batch's room on a GPU for `d.for_pod` is not to be made now: the plan for that
+    /// pod failed within the cooldown, or the same plan failed before.
+    pub fn refuses(&self, d: &Drain, now: i64) -> Option<String> {
+        let f = self.failed.get(&d.for_pod)?;
+        if now - f.at < self.args.defrag_cooldown.as_secs() as i64 {
+            return Some(format!("its last plan failed {} s ago (--defrag-cooldown)", now - f.at));
+        }
+        (f.signature == start::drain_signature(d)).then(|| "the same plan failed before".to_string())
+    }
+
     /// One batch: the plans under way go on or end, then new plans for pods that wait. `drains`
-    /// are the label-mode nodes the batch's decision found reserved for a tensor-parallel pod.
+    /// are the label-mode plans the batch's decision made: nodes reserved for a tensor-parallel
+    /// pod, and rooms on a GPU, whose node patches landed when the node is in `made`.
     pub async fn step(
         &mut self,
         cluster: &Cluster,
         elector: &mut Elector,
         metrics: &ControllerMetrics,
         drains: &[Drain],
+        made: &std::collections::BTreeSet<String>,
         now: i64,
     ) {
         self.evictions.retain(|(t, _)| now - t < HOUR);
@@ -151,8 +165,10 @@ impl Defrag {
         self.told.retain(|k, _| k.starts_with("cap ") || k.starts_with("node ") || seen.pods.contains_key(k));
         self.failed.retain(|k, _| seen.pods.contains_key(k));
         self.owner_evicted.retain(|_, t| now - *t < HOUR);
+        // The batch's own plans first: a room this batch wrote is in the node cache already, and
+        // is not another replica's to adopt.
+        self.take_drains(cluster, metrics, &seen, drains, made, now).await;
         self.adopt(&seen, now);
-        self.take_drains(cluster, metrics, &seen, drains, now).await;
         let nodes: Vec<String> = self.campaigns.keys().cloned().collect();
         for node in nodes {
             if !elector.is_leader() {

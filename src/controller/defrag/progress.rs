@@ -4,11 +4,13 @@ use crate::controller::cluster::{node_ref, pod_ref, Cluster};
 use crate::controller::evict::{evict, Eviction};
 use crate::controller::lease::Elector;
 use crate::controller::metrics::ControllerMetrics;
+use gpupart_cluster::controller::nodes::GpuNode;
 use gpupart_cluster::defrag::dra_world;
+use gpupart_cluster::defrag::gpu_room::{RoomNote, ROOM_ANNOTATION, ROOM_TAINT};
 use gpupart_cluster::defrag::movable::{immovable, Owner, RunningPod};
-use gpupart_cluster::defrag::room::{self};
 use gpupart_node::dra::reservation::{Reservation, ANNOTATION};
 use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -50,24 +52,53 @@ impl Defrag {
             self.end(cluster, metrics, c, end, &why, now).await;
             return;
         }
-        if let Some(reservation) = c.reservation.clone() {
-            let Some(room) = seen.rooms.iter().find(|r| r.name == c.node) else {
-                self.end(cluster, metrics, c, End::Abandoned, "the node no longer publishes its devices", now).await;
-                return;
-            };
-            if c.adopted && c.steps.is_empty() {
-                match self.steps_on_room(seen, room, &c, &reservation.gpus, now) {
-                    Ok(steps) => c.steps = steps,
-                    Err(why) => {
-                        self.end(cluster, metrics, c, End::Abandoned, &why, now).await;
-                        return;
+        let mut gpu_room: Option<(GpuNode, RoomNote)> = None;
+        match c.hold.clone() {
+            Hold::Node => {}
+            Hold::Dra(reservation) => {
+                let Some(room) = seen.rooms.iter().find(|r| r.name == c.node) else {
+                    self.end(cluster, metrics, c, End::Abandoned, "the node no longer publishes its devices", now)
+                        .await;
+                    return;
+                };
+                if c.adopted && c.steps.is_empty() {
+                    let holders: BTreeSet<String> = room
+                        .gpus
+                        .iter()
+                        .filter(|g| reservation.gpus.contains(&g.index))
+                        .flat_map(|g| g.held.iter().map(|h| h.by.clone()))
+                        .collect();
+                    match self.steps_of(seen, &c, holders, now) {
+                        Ok(steps) => c.steps = steps,
+                        Err(why) => {
+                            self.end(cluster, metrics, c, End::Abandoned, &why, now).await;
+                            return;
+                        }
                     }
                 }
+                if !dra_world::reservation_published(&seen.slices, &self.args.dra_driver, room, &reservation, now) {
+                    tracing::debug!(node, "waiting for the agent to publish the reservation before evicting");
+                    self.campaigns.insert(node.to_string(), c);
+                    return;
+                }
             }
-            if !dra_world::reservation_published(&seen.slices, &self.args.dra_driver, room, &reservation, now) {
-                tracing::debug!(node, "waiting for the agent to publish the reservation before evicting");
-                self.campaigns.insert(node.to_string(), c);
-                return;
+            Hold::Gpu(note) => {
+                let read =
+                    seen.nodes.iter().find(|n| n.metadata.name.as_deref() == Some(node)).map(|n| GpuNode::read(n));
+                let Some(Ok(Some(gpus))) = read else {
+                    self.end(cluster, metrics, c, End::Abandoned, "the node no longer reports its GPUs", now).await;
+                    return;
+                };
+                if c.adopted && c.steps.is_empty() {
+                    match self.steps_of(seen, &c, note.holders(&gpus), now) {
+                        Ok(steps) => c.steps = steps,
+                        Err(why) => {
+                            self.end(cluster, metrics, c, End::Abandoned, &why, now).await;
+                            return;
+                        }
+                    }
+                }
+                gpu_room = Some((gpus, note));
             }
         }
         let mut refused: Option<String> = None;
@@ -154,16 +185,19 @@ impl Defrag {
             self.end(cluster, metrics, c, End::Refused, &why, now).await;
             return;
         }
+        if let Some((gpus, note)) = gpu_room {
+            open_room(cluster, &gpus, &note, &c).await;
+        }
         self.campaigns.insert(node.to_string(), c);
     }
 
-    /// The steps of an adopted plan: the pods on the reserved GPUs, all of which must be movable.
-    pub(super) fn steps_on_room(
+    /// The steps of an adopted plan: the pods `holders` of the reserved room, all of which must be
+    /// movable.
+    pub(super) fn steps_of(
         &self,
         seen: &Seen,
-        room: &room::Node,
         c: &Campaign,
-        gpus: &[u32],
+        holders: BTreeSet<String>,
         now: i64,
     ) -> Result<Vec<Step>, String> {
         let waiting = seen.pods.get(&c.waiting);
@@ -172,13 +206,7 @@ impl Defrag {
             (r.namespace.clone(), r.owner)
         });
         let mut steps = Vec::new();
-        let holders: BTreeSet<&str> = room
-            .gpus
-            .iter()
-            .filter(|g| gpus.contains(&g.index))
-            .flat_map(|g| g.held.iter().map(|h| h.by.as_str()))
-            .collect();
-        for by in holders {
+        for by in holders.iter().filter(|by| **by != c.waiting) {
             let Some(p) = seen.pods.get(by) else {
                 return Err(format!("the room is held by {by}, which may not move"));
             };
@@ -241,24 +269,15 @@ impl Defrag {
         why: &str,
         now: i64,
     ) {
-        let text = cluster
-            .nodes()
-            .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(c.node.as_str()))
-            .and_then(|n| n.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)).cloned());
-        let ours = text
-            .as_deref()
-            .and_then(|t| serde_json::from_str::<Reservation>(t).ok())
-            .is_some_and(|r| r.pod == c.waiting);
-        if let (true, Some(text)) = (ours, text) {
-            let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION: null}}});
-            if let Err(e) = cluster.patch_node(&c.node, &patch).await {
+        let node = cluster.nodes().into_iter().find(|n| n.metadata.name.as_deref() == Some(c.node.as_str()));
+        if let Some(release) = node.as_deref().and_then(|n| release_patch(n, &c)) {
+            if let Err(e) = cluster.patch_node(&c.node, &release.patch).await {
                 tracing::warn!(node = %c.node, error = %e, "releasing the reservation failed; retrying at the next batch");
                 self.campaigns.insert(c.node.clone(), c);
                 return;
             }
             // Until the node cache shows it gone, the released reservation is not one to adopt.
-            self.released.insert(c.node.clone(), text);
+            self.released.insert(c.node.clone(), release.text);
         }
         self.campaigns.remove(&c.node);
         let waited = (end == End::Served).then(|| (now - c.since).max(0) as f64);
@@ -288,6 +307,69 @@ impl Defrag {
                     &format!("for {}: {note}", c.waiting),
                 )
                 .await;
+        }
+    }
+}
+
+/// A reservation to release: the node patch, and the annotation's text it removes.
+struct Release {
+    patch: Value,
+    text: String,
+}
+
+/// The patch that releases what plan `c` holds on `node`: its reservation (DRA) or its room note
+/// and taint (label mode), when they are the plan's own; `None` when nothing of it is there.
+fn release_patch(node: &k8s_openapi::api::core::v1::Node, c: &Campaign) -> Option<Release> {
+    let annotation = |key: &str| node.metadata.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+    match &c.hold {
+        Hold::Node => None,
+        Hold::Dra(_) => {
+            let text = annotation(ANNOTATION)?;
+            let ours = serde_json::from_str::<Reservation>(&text).is_ok_and(|r| r.pod == c.waiting);
+            ours.then(|| Release { patch: json!({"metadata": {"annotations": {ANNOTATION: null}}}), text })
+        }
+        Hold::Gpu(_) => {
+            let text = annotation(ROOM_ANNOTATION)?;
+            let ours = serde_json::from_str::<RoomNote>(&text).is_ok_and(|r| r.pod == c.waiting);
+            let mut patch = json!({"metadata": {"annotations": {ROOM_ANNOTATION: null}}});
+            if let Some(taints) = without_room_taint(node) {
+                patch["spec"] = json!({ "taints": taints });
+                patch["metadata"]["resourceVersion"] = json!(node.metadata.resource_version);
+            }
+            ours.then_some(Release { patch, text })
+        }
+    }
+}
+
+/// The node's taints less the room's, when it carries it (a merge patch replaces the list, so the
+/// patch that writes it holds the node's resourceVersion).
+fn without_room_taint(node: &k8s_openapi::api::core::v1::Node) -> Option<Vec<Value>> {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    if !taints.iter().any(|t| t.key == ROOM_TAINT) {
+        return None;
+    }
+    Some(
+        taints.iter().filter(|t| t.key != ROOM_TAINT).map(|t| serde_json::to_value(t).unwrap_or(Value::Null)).collect(),
+    )
+}
+
+/// Lifts the room's taint once the room is there (the agent applied the layout, the GPU has a
+/// free instance of the profile): the waiting pod can be bound then, and only it fits there.
+async fn open_room(cluster: &Cluster, gpus: &GpuNode, note: &RoomNote, c: &Campaign) {
+    if !note.ready(gpus) {
+        return;
+    }
+    let Some(node) = cluster.nodes().into_iter().find(|n| n.metadata.name.as_deref() == Some(c.node.as_str())) else {
+        return;
+    };
+    let Some(taints) = without_room_taint(&node) else { return };
+    let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": taints}});
+    match cluster.patch_node(&c.node, &patch).await {
+        Ok(()) => {
+            tracing::info!(node = %c.node, pod = %c.waiting, gpu = note.gpu, profile = %note.profile, "the room is ready: the node takes pods again")
+        }
+        Err(e) => {
+            tracing::debug!(node = %c.node, error = %e, "lifting the room's taint failed; retrying at the next batch")
         }
     }
 }

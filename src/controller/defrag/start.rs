@@ -5,6 +5,7 @@ use crate::controller::cluster::{pod_ref, Cluster};
 use crate::controller::metrics::ControllerMetrics;
 use gpupart_cluster::controller::decide::Drain;
 use gpupart_cluster::defrag::dra_world;
+use gpupart_cluster::defrag::gpu_room::{RoomNote, ROOM_ANNOTATION};
 use gpupart_cluster::defrag::movable::{immovable, RunningPod};
 use gpupart_cluster::defrag::room::{self, Bounds, Movable, Want};
 use gpupart_node::dra::reservation::{Reservation, ANNOTATION};
@@ -17,17 +18,22 @@ use super::{bound_node, key, waiting_since, Defrag, Seen};
 
 impl Defrag {
     /// Starts a plan for each label-mode node reserved for a tensor-parallel pod whose pods can
-    /// all move now.
+    /// all move now, and for each room on a GPU whose node patch landed this batch (`made`).
     pub(super) async fn take_drains(
         &mut self,
         cluster: &Cluster,
         metrics: &ControllerMetrics,
         seen: &Seen,
         drains: &[Drain],
+        made: &BTreeSet<String>,
         now: i64,
     ) {
         for d in drains {
             if self.campaigns.contains_key(&d.node) || self.campaigns.values().any(|c| c.waiting == d.for_pod) {
+                continue;
+            }
+            // A room whose node patch did not land (refused, or a dry run) moves nothing.
+            if d.room.is_some() && !made.contains(&d.node) {
                 continue;
             }
             let moves = match &d.moves {
@@ -39,9 +45,7 @@ impl Defrag {
                     continue;
                 }
             };
-            let mut pods: Vec<&str> = moves.iter().map(|(p, _)| p.as_str()).collect();
-            pods.sort_unstable();
-            let signature = format!("{}:{}", d.node, pods.join(","));
+            let signature = drain_signature(d);
             if let Some(f) = self.failed.get(&d.for_pod) {
                 if f.signature == signature || now - f.at < self.args.defrag_cooldown.as_secs() as i64 {
                     continue;
@@ -55,7 +59,24 @@ impl Defrag {
             }
             let Some(p) = seen.pods.get(&d.for_pod) else { continue };
             let words: Vec<String> = moves.iter().map(|(pod, to)| format!("{pod} to node {to}")).collect();
-            let note = format!("moving {} to empty node {}, reserved for it", words.join(", "), d.node);
+            let (hold, until, note) = match &d.room {
+                Some(r) => (
+                    Hold::Gpu(r.clone()),
+                    r.until,
+                    format!(
+                        "moving {} to make room for one {} instance on node {} GPU {}",
+                        words.join(", "),
+                        r.profile,
+                        d.node,
+                        r.gpu
+                    ),
+                ),
+                None => (
+                    Hold::Node,
+                    now + self.args.defrag_confirm_timeout.as_secs() as i64,
+                    format!("moving {} to empty node {}, reserved for it", words.join(", "), d.node),
+                ),
+            };
             metrics.plan("started", None);
             tracing::info!(pod = %d.for_pod, node = %d.node, moves = ?words, "defragmenting: {note}");
             let (ns, name) = d.for_pod.split_once('/').unwrap_or(("default", &d.for_pod));
@@ -71,7 +92,6 @@ impl Defrag {
                     )
                 })
                 .collect();
-            let until = now + self.args.defrag_confirm_timeout.as_secs() as i64;
             self.told.remove(&d.for_pod);
             self.campaigns.insert(
                 d.node.clone(),
@@ -81,7 +101,7 @@ impl Defrag {
                     since: waiting_since(p, now),
                     node: d.node.clone(),
                     until,
-                    reservation: None,
+                    hold,
                     steps,
                     signature,
                     adopted: false,
@@ -90,43 +110,50 @@ impl Defrag {
         }
     }
 
-    /// Takes up the reservations found on nodes that this replica did not write (a previous
-    /// leader's plan).
+    /// Takes up the reservations (DRA) and rooms (label mode) found on nodes that this replica did
+    /// not write: a previous leader's plans.
     pub(super) fn adopt(&mut self, seen: &Seen, now: i64) {
         for n in &seen.nodes {
             let Some(name) = n.metadata.name.as_deref() else { continue };
             if self.campaigns.contains_key(name) {
                 continue;
             }
-            let Some(text) = n.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION)) else {
+            let annotations = n.metadata.annotations.as_ref();
+            let found = [ANNOTATION, ROOM_ANNOTATION]
+                .into_iter()
+                .find_map(|key| Some((key, annotations.and_then(|a| a.get(key))?)));
+            let Some((key, text)) = found else {
                 self.released.remove(name);
                 continue;
             };
             if self.released.get(name) == Some(text) {
                 continue;
             }
-            let Ok(r) = serde_json::from_str::<Reservation>(text) else {
+            let read = if key == ANNOTATION {
+                serde_json::from_str::<Reservation>(text)
+                    .map(|r| (r.pod.clone(), r.until, format!("{name}:{}", gpus_words(&r.gpus)), Hold::Dra(r)))
+            } else {
+                serde_json::from_str::<RoomNote>(text)
+                    .map(|r| (r.pod.clone(), r.until, format!("{name}:GPU {}", r.gpu), Hold::Gpu(r)))
+            };
+            let Ok((pod, until, signature, hold)) = read else {
                 if self.tell(&format!("node {name}"), text) {
-                    tracing::warn!(
-                        node = name,
-                        annotation = ANNOTATION,
-                        "a reservation that does not parse; left alone"
-                    );
+                    tracing::warn!(node = name, annotation = key, "a reservation that does not parse; left alone");
                 }
                 continue;
             };
-            tracing::info!(node = name, pod = %r.pod, gpus = ?r.gpus, "found a reservation made earlier; taking the plan up");
-            let since = seen.pods.get(&r.pod).map_or(now, |p| waiting_since(p, now));
+            tracing::info!(node = name, pod = %pod, annotation = key, "found a reservation made earlier; taking the plan up");
+            let since = seen.pods.get(&pod).map_or(now, |p| waiting_since(p, now));
             self.campaigns.insert(
                 name.to_string(),
                 Campaign {
-                    waiting: r.pod.clone(),
+                    waiting: pod,
                     uid: None,
                     since,
                     node: name.to_string(),
-                    signature: format!("{name}:{}", gpus_words(&r.gpus)),
-                    until: r.until,
-                    reservation: Some(r),
+                    signature,
+                    until,
+                    hold,
                     steps: Vec::new(),
                     adopted: true,
                 },
@@ -266,7 +293,7 @@ impl Defrag {
                     since: waiting_since(p, now),
                     node: plan.node.clone(),
                     until,
-                    reservation: Some(reservation),
+                    hold: Hold::Dra(reservation),
                     steps,
                     signature,
                     adopted: false,
@@ -318,4 +345,14 @@ fn for_waiting(
         .filter(|(r, _)| immovable(r, &waiting.namespace, waiting.owner.as_ref(), rules, now).is_none())
         .map(|(r, m)| (r.key.clone(), m.clone()))
         .collect()
+}
+
+/// What identifies a label-mode plan: the node (and GPU, for a room) and the pods it moves.
+pub(super) fn drain_signature(d: &Drain) -> String {
+    let mut pods: Vec<&str> = d.moves.iter().flatten().map(|(p, _)| p.as_str()).collect();
+    pods.sort_unstable();
+    match &d.room {
+        Some(r) => format!("{}:GPU {}:{}", d.node, r.gpu, pods.join(",")),
+        None => format!("{}:{}", d.node, pods.join(",")),
+    }
 }

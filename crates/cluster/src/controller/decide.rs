@@ -10,6 +10,7 @@ use super::nodes::{GpuNode, Phase, RECLAIM_LAYOUT};
 use super::pods::{GpuPod, NotServed, Resource};
 use crate::config::ConfigFile;
 use crate::defrag::empty_node::{empty, Host};
+use crate::defrag::gpu_room::{self, RoomNote};
 use crate::fleet::current::CurrentGpu;
 use crate::fleet::report::GpuSpec;
 use crate::mig::catalog::Model;
@@ -34,8 +35,12 @@ pub struct Options {
     /// How the pools are written on nodes.
     pub pools: Pools,
     /// `--defrag`: a tensor-parallel pod nothing else serves gets the shared node whose movable
-    /// pods all fit elsewhere reserved, and those pods are moved ([`Outcome::drains`]).
+    /// pods all fit elsewhere reserved, and a MIG pod nothing else serves gets room made on one
+    /// GPU ([`Kind::MakeRoom`]); the pods to move are in [`Outcome::drains`].
     pub defrag: Option<crate::defrag::movable::MoveRules>,
+    /// Seconds a room made on a GPU waits for its pod before it is released
+    /// (`--defrag-confirm-timeout`).
+    pub room_secs: i64,
 }
 
 impl Default for Options {
@@ -48,6 +53,7 @@ impl Default for Options {
             reserve_for_dedicated: false,
             pools: Pools::default(),
             defrag: None,
+            room_secs: 600,
         }
     }
 }
@@ -97,6 +103,9 @@ pub enum Kind {
     Reclaim,
     /// Tainted for a waiting tensor-parallel pod while its shared pods end (layout unchanged).
     Reserve,
+    /// One GPU re-cut for a waiting MIG pod once the movable pods on it have moved; the node
+    /// takes no new pods meanwhile ([`crate::defrag::gpu_room`]).
+    MakeRoom,
 }
 
 impl Kind {
@@ -107,6 +116,7 @@ impl Kind {
             Kind::Dedicate => "dedicate",
             Kind::Reclaim => "reclaim",
             Kind::Reserve => "reserve",
+            Kind::MakeRoom => "make-room",
         }
     }
 }
@@ -134,12 +144,14 @@ pub struct Decision {
     pub frag: f64,
     /// The change in words: `GPU 1: +2 1g.10gb -1 3g.40gb`.
     pub change: String,
+    /// For [`Kind::MakeRoom`]: the room, as recorded on the node.
+    pub room: Option<RoomNote>,
 }
 
 impl Decision {
-    /// Pods it makes schedulable (a reservation only starts a node draining for its pod).
+    /// Pods it makes schedulable (a reservation or a room only starts moving pods for its pod).
     pub fn unblocks(&self) -> usize {
-        if self.kind == Kind::Reserve {
+        if matches!(self.kind, Kind::Reserve | Kind::MakeRoom) {
             0
         } else {
             self.pods.len()
@@ -163,7 +175,8 @@ pub struct Outcome {
     pub drains: Vec<Drain>,
 }
 
-/// A node reserved for a waiting tensor-parallel pod, to be emptied by moving its pods.
+/// A node reserved for a waiting tensor-parallel pod, to be emptied by moving its pods; or a
+/// room being made on one of its GPUs for a waiting MIG pod (the decision's moves).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drain {
     /// The node.
@@ -172,6 +185,9 @@ pub struct Drain {
     pub for_pod: String,
     /// Each pod to move and the node its replacement is expected on; or why not now.
     pub moves: Result<Vec<(String, String)>, String>,
+    /// For a room on one GPU: the room (its node patch is the batch's [`Kind::MakeRoom`]
+    /// decision, which must land before any pod moves).
+    pub room: Option<RoomNote>,
 }
 
 /// A node the batch may change.
@@ -493,12 +509,32 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     // Pods the controller does not serve still take what the scheduler would give them.
     let competitors: Vec<&GpuPod> = unmet_all.iter().copied().filter(|p| p.unserved.is_some()).collect();
     let mut unmet: Vec<&GpuPod> = unmet_all.iter().copied().filter(|p| p.unserved.is_none()).collect();
+    // Rooms being made on a GPU (with --defrag): their nodes are left alone, their pods wait.
+    let mut rooms: BTreeMap<String, (usize, RoomNote)> = BTreeMap::new();
+    let mut unreadable_rooms: BTreeMap<usize, String> = BTreeMap::new();
+    if opts.defrag.is_some() {
+        for (i, c) in cands.iter().enumerate() {
+            match RoomNote::on(&c.node.annotations) {
+                Some(Ok(note)) => {
+                    rooms.insert(note.pod.clone(), (i, note));
+                }
+                Some(Err(e)) => {
+                    unreadable_rooms.insert(i, e);
+                }
+                None => {}
+            }
+        }
+        unmet.retain(|p| !rooms.contains_key(&p.key));
+    }
     out.placeable = pending.saturating_sub(unmet_all.len());
     let mut budget = opts.max_concurrent_nodes.saturating_sub(busy_nodes);
     // Which nodes may change now.
     let mut changeable: Vec<usize> = Vec::new();
     for (i, c) in cands.iter().enumerate() {
+        let room = rooms.values().find(|(j, _)| *j == i).map(|(_, n)| n);
         let why = match c.node.phase() {
+            _ if room.is_some() => room.map(|n| format!("making room on GPU {} for {}", n.gpu, n.pod)),
+            _ if unreadable_rooms.contains_key(&i) => unreadable_rooms.get(&i).cloned(),
             Phase::Reconfiguring(r) | Phase::Failed(r) => Some(r),
             Phase::Settled if c.node.cordoned => Some("cordoned".into()),
             Phase::Settled => match c.node.changed_at() {
@@ -567,6 +603,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                         created: sum(|o| f64::from(o.created)) as u32,
                         frag: sum(|o| o.frag),
                         change: change_words(&node_opts, &ch.picks, &c.gpus),
+                        room: None,
                     };
                     best = Some((ch.score, i, d));
                 }
@@ -578,6 +615,76 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         budget -= 1;
         out.decisions.push(d);
     }
+    // With --defrag, a room on one GPU for the first waiting MIG pod that nothing else serves:
+    // the cheapest GPU whose movable pods all fit elsewhere now, re-cut once they have moved. One
+    // a batch, since the moved pods' destinations are judged against this batch's free units.
+    if let Some(rules) = opts.defrag.as_ref().filter(|_| budget > 0) {
+        let hosts = hosts_of(&cands, &taken, pools);
+        let mut mig: Vec<(&GpuPod, &crate::mig::ProfileName)> = unmet
+            .iter()
+            .filter_map(|p| match &p.resource {
+                Resource::Mig(m) if p.count == 1 && p.also.is_empty() => Some((*p, m)),
+                _ => None,
+            })
+            .collect();
+        mig.sort_by_key(|(p, _)| p.queue_order());
+        let may = |i: usize| {
+            let c = &cands[i];
+            (changeable.contains(&i) && !taken.contains(&i) && !c.node.is_dedicated(pools)).then_some(c.model)
+        };
+        let made = mig.into_iter().find_map(|(p, profile)| {
+            let room = gpu_room::plan(&hosts, &may, world.pods, p, rules, world.now, pools)?;
+            let i = cands.iter().position(|c| c.node.name == room.node)?;
+            Some((p, profile, i, room))
+        });
+        if let Some((p, profile, i, room)) = made {
+            let c = &cands[i];
+            let specs: Vec<GpuSpec> = c
+                .gpus
+                .iter()
+                .zip(&c.current)
+                .map(|(g, cur)| if g.index == room.gpu { room.spec.clone() } else { cur.clone() })
+                .collect();
+            let moves: Vec<String> = room.moves.iter().map(|(pod, to)| format!("{pod} to node {to}")).collect();
+            let note = RoomNote {
+                pod: p.key.clone(),
+                gpu: room.gpu,
+                profile: profile.to_string(),
+                until: world.now + opts.room_secs,
+            };
+            let change = format!(
+                "GPU {}: {} for {}, once {} moved ({}); no new pods on the node meanwhile",
+                room.gpu,
+                room.change.join(" "),
+                p.key,
+                if moves.len() == 1 { "its pod has" } else { "its pods have" },
+                moves.join(", ")
+            );
+            out.decisions.push(Decision {
+                node: c.node.name.clone(),
+                kind: Kind::MakeRoom,
+                model: c.model,
+                specs,
+                restore: None,
+                pods: vec![p.key.clone()],
+                destroyed: room.cost.3,
+                created: room.created,
+                frag: 0.0,
+                change,
+                room: Some(note.clone()),
+            });
+            out.drains.push(Drain {
+                node: c.node.name.clone(),
+                for_pod: p.key.clone(),
+                moves: Ok(room.moves),
+                room: Some(note.clone()),
+            });
+            unmet.retain(|q| q.key != p.key);
+            rooms.insert(p.key.clone(), (i, note));
+            taken.insert(i);
+            budget -= 1;
+        }
+    }
     // Reservations: waiting tensor-parallel pods keep (or, opted in, get) a shared node that
     // drains; reservations no pod waits for any more are released.
     let waiting_tp: Vec<&GpuPod> = unmet.iter().copied().filter(|p| p.is_tensor_parallel()).collect();
@@ -588,15 +695,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     for (p, &i) in waiting_tp.iter().zip(&reserved) {
         reserved_for.insert(p.key.clone(), i);
     }
-    let hosts: Vec<Host> = cands
-        .iter()
-        .enumerate()
-        .map(|(j, c)| Host {
-            node: c.node,
-            ledger: &c.ledger,
-            takes_replacements: !c.node.is_dedicated(pools) && !c.node.cordoned && !taken.contains(&j),
-        })
-        .collect();
+    let hosts = hosts_of(&cands, &taken, pools);
     if opts.reserve_for_dedicated || opts.defrag.is_some() {
         for p in waiting_tp.iter().skip(reserved.len()) {
             let eligible: Vec<usize> = changeable
@@ -653,7 +752,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                 continue;
             }
             let moves = empty(i, &hosts, world.pods, p, rules, world.now, pools).map(|e| e.moves);
-            out.drains.push(Drain { node: cands[i].node.name.clone(), for_pod: pod.clone(), moves });
+            out.drains.push(Drain { node: cands[i].node.name.clone(), for_pod: pod.clone(), moves, room: None });
         }
     }
     let released: Vec<usize> = reserved
@@ -688,6 +787,16 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         }
     }
     let reconfiguring = busy_nodes + out.decisions.iter().filter(|d| d.kind != Kind::Reserve).count();
+    for p in unmet_all.iter().filter(|p| rooms.contains_key(&p.key)) {
+        let Some((i, note)) = rooms.get(&p.key) else { continue };
+        let reason = format!(
+            "needs {}; GPU {} of node {} is being re-cut for it once the pods on it have moved",
+            what(p),
+            note.gpu,
+            cands[*i].node.name
+        );
+        out.not_served.push(NotServed { key: p.key.clone(), reason, kind: "reserved" });
+    }
     for p in unmet {
         let (kind, reason) = match reserved_for.get(&p.key) {
             Some(&i) => (
@@ -706,6 +815,20 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     out
 }
 
+/// The nodes as moves see them: a replacement lands on a shared node, not cordoned, not changed
+/// by this batch.
+fn hosts_of<'c>(cands: &'c [Candidate], taken: &BTreeSet<usize>, pools: &Pools) -> Vec<Host<'c>> {
+    cands
+        .iter()
+        .enumerate()
+        .map(|(j, c)| Host {
+            node: c.node,
+            ledger: &c.ledger,
+            takes_replacements: !c.node.is_dedicated(pools) && !c.node.cordoned && !taken.contains(&j),
+        })
+        .collect()
+}
+
 /// A change of pool labels and taints only (no GPU is set differently by it).
 fn pool_change(c: &Candidate, kind: Kind, restore: Option<String>, pods: Vec<String>, change: String) -> Decision {
     Decision {
@@ -719,6 +842,7 @@ fn pool_change(c: &Candidate, kind: Kind, restore: Option<String>, pods: Vec<Str
         created: 0,
         frag: 0.0,
         change,
+        room: None,
     }
 }
 
@@ -788,6 +912,7 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools
         created: 0,
         frag: 0.0,
         change: format!("dedicated: {} whole GPUs, {destroyed} idle instance(s) torn down", c.gpus.len()),
+        room: None,
     })
 }
 

@@ -7,6 +7,7 @@
 
 use super::decide::{Decision, Kind};
 use super::nodes::{GpuNode, CHANGED_AT, LAST_DECISION, RECLAIM_LABELS, RECLAIM_LAYOUT};
+use crate::defrag::gpu_room::{RoomNote, ROOM_ANNOTATION, ROOM_TAINT};
 use crate::fleet::report::LAYOUT_LABEL;
 use crate::pools::Pools;
 use serde_json::{json, Value};
@@ -27,6 +28,18 @@ pub fn node_patch(node: &GpuNode, d: &Decision, layout: Option<&str>, now: i64, 
         .collect();
     match d.kind {
         Kind::Repartition => {}
+        Kind::MakeRoom => {
+            // Every taint stays; the room's is added (once).
+            let mut taints: Vec<Value> = node
+                .taints
+                .iter()
+                .filter(|t| t.key != ROOM_TAINT)
+                .map(|t| serde_json::to_value(t).unwrap_or(Value::Null))
+                .collect();
+            taints.push(serde_json::to_value(RoomNote::taint()).unwrap_or(Value::Null));
+            patch["spec"] = json!({ "taints": taints });
+            annotations[ROOM_ANNOTATION] = json!(d.room.as_ref().and_then(|r| serde_json::to_string(r).ok()));
+        }
         Kind::Dedicate | Kind::Reserve => {
             labels[&pools.label] = json!(pools.dedicated);
             // A reserved node being converted keeps what was recorded when it was reserved.
@@ -116,7 +129,31 @@ mod tests {
             created: 0,
             frag: 0.0,
             change: "GPU 0: +1 1g.10gb".into(),
+            room: None,
         }
+    }
+
+    #[test]
+    fn a_room_sets_the_layout_adds_its_taint_once_and_records_the_room() {
+        let mut n = crate::controller::nodes::GpuNode::read(&node("n", "[]", &[(LAYOUT_LABEL, "all-1g.10gb")], false))
+            .unwrap()
+            .unwrap();
+        n.taints.push(Taint { key: "other".into(), value: None, effect: "NoExecute".into(), time_added: None });
+        let mut d = decision(Kind::MakeRoom);
+        let note = RoomNote { pod: "ml/big".into(), gpu: 1, profile: "7g.80gb".into(), until: 700 };
+        d.room = Some(note.clone());
+        let pools = Pools::default();
+        let p = node_patch(&n, &d, Some("gpupart-auto-9"), 100, &pools);
+        assert_eq!(p["metadata"]["labels"][LAYOUT_LABEL], "gpupart-auto-9");
+        assert!(p["metadata"]["labels"].get(POOL_LABEL).is_none(), "the pool is not touched: {p}");
+        let after = applied(&n, &p);
+        assert_eq!(RoomNote::on(&after.annotations), Some(Ok(note)));
+        let keys: Vec<&str> = after.taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, vec!["other", ROOM_TAINT]);
+        assert_eq!(after.taints[1].effect, "NoSchedule");
+        // Made again (a new leader, a retried patch): still one room taint.
+        let again = applied(&after, &node_patch(&after, &d, Some("gpupart-auto-9"), 101, &pools));
+        assert_eq!(again.taints.len(), 2);
     }
 
     #[test]

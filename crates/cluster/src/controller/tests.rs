@@ -536,6 +536,114 @@ mod defrag {
     }
 }
 
+/// `--defrag` in label mode for a MIG pod: the GPU whose busy instances are all held by movable
+/// pods that fit elsewhere is re-cut for it, in one decision that also names the moves; while the
+/// room is being made, its node is left alone and its pod is not planned for again.
+mod defrag_gpu_room {
+    use super::*;
+    use crate::defrag::gpu_room::{RoomNote, ROOM_ANNOTATION};
+    use crate::defrag::movable::{MoveRules, Owner};
+
+    fn raw(name: &str, items: &[&str]) -> GpuNode {
+        let items: Vec<String> =
+            items.iter().map(|i| i.replacen('{', &format!(r#"{{"model":"{A100}","mode":"mig","#), 1)).collect();
+        let text = format!("[{}]", items.join(","));
+        let n = super::super::nodes::tests::node(
+            name,
+            &text,
+            &[(LAYOUT_LABEL, "all-1g.10gb"), (STATE_LABEL, "success")],
+            false,
+        );
+        let mut n = GpuNode::read(&n).unwrap().unwrap();
+        n.annotations.insert(STATE_LAYOUT.into(), "all-1g.10gb".into());
+        n
+    }
+
+    fn ones(busy: &[u32]) -> String {
+        let l: Vec<String> =
+            (0..7).map(|k| format!(r#""1g.10gb@{k}{}""#, if busy.contains(&k) { "*" } else { "" })).collect();
+        l.join(",")
+    }
+
+    fn cluster() -> (Vec<GpuNode>, Vec<GpuPod>) {
+        let a0 = format!(
+            r#"{{"i":0,"layout":[{}],"pods":{{"1g.10gb@0":["serving/s1"],"1g.10gb@1":["serving/s2"]}}}}"#,
+            ones(&[0, 1])
+        );
+        let b0 = format!(r#"{{"i":0,"layout":[{}],"pods":{{"1g.10gb@0":["serving/b1"]}}}}"#, ones(&[0]));
+        // GPU 1 of each node is in use by something no pod holds: never made room on.
+        let busy = r#"{"i":1,"layout":["3g.40gb@0*","3g.40gb@4*"]}"#;
+        let nodes = vec![raw("gpu-a", &[&a0, busy]), raw("gpu-b", &[&b0, busy])];
+        let movable = |name: &str| {
+            let mut p = bound(pod(name, mig("1g.10gb"), 1, 1), "gpu-a");
+            p.owner = Some(Owner { kind: "ReplicaSet".into(), name: "small".into() });
+            p.movable = Some("true".into());
+            p
+        };
+        let pods = vec![
+            movable("s1"),
+            movable("s2"),
+            bound(pod("b1", mig("1g.10gb"), 1, 1), "gpu-b"),
+            pod("big", mig("7g.80gb"), 1, 5),
+        ];
+        (nodes, pods)
+    }
+
+    fn opts() -> Options {
+        Options {
+            defrag: Some(MoveRules { min_age_secs: 0, ..MoveRules::default() }),
+            room_secs: 300,
+            ..Options::default()
+        }
+    }
+
+    #[test]
+    fn the_gpu_whose_pods_can_move_is_re_cut_for_the_waiting_pod_and_then_left_alone() {
+        let (nodes, pods) = cluster();
+        // Without --defrag: nothing serves it.
+        let out = run(&nodes, &pods, &Options::default());
+        assert!(out.decisions.is_empty() && out.drains.is_empty(), "{out:#?}");
+        let out = run(&nodes, &pods, &opts());
+        assert_eq!(out.decisions.len(), 1, "{out:#?}");
+        let d = &out.decisions[0];
+        assert_eq!((d.node.as_str(), d.kind.clone()), ("gpu-a", Kind::MakeRoom));
+        assert_eq!(d.specs[0], GpuSpec::Mig(vec![("7g.80gb".into(), 1)]));
+        assert_eq!(d.specs[1], GpuSpec::Mig(vec![("3g.40gb".into(), 2)]), "the other GPU keeps its setting");
+        assert_eq!(d.unblocks(), 0);
+        let note = RoomNote { pod: "serving/big".into(), gpu: 0, profile: "7g.80gb".into(), until: 10_300 };
+        assert_eq!(d.room.as_ref(), Some(&note));
+        assert!(d.change.contains("+1 7g.80gb") && d.change.contains("serving/s1 to node gpu-b"), "{}", d.change);
+        assert_eq!(out.drains.len(), 1);
+        let moves =
+            vec![("serving/s1".to_string(), "gpu-b".to_string()), ("serving/s2".to_string(), "gpu-b".to_string())];
+        assert_eq!((out.drains[0].node.as_str(), out.drains[0].moves.clone()), ("gpu-a", Ok(moves)));
+        assert_eq!(
+            out.not_served.iter().map(|n| (n.key.as_str(), n.kind)).collect::<Vec<_>>(),
+            [("serving/big", "reserved")]
+        );
+        // Being made: the node is left alone, the pod waits for it, nothing is planned again.
+        let mut making = nodes.clone();
+        making[0].annotations.insert(ROOM_ANNOTATION.into(), serde_json::to_string(&note).unwrap());
+        let out = run(&making, &pods, &opts());
+        assert!(out.decisions.is_empty() && out.drains.is_empty(), "{out:#?}");
+        assert!(
+            out.held.iter().any(|(n, why)| n == "gpu-a" && why.contains("making room on GPU 0 for serving/big")),
+            "{out:#?}"
+        );
+        assert!(out.not_served[0].reason.contains("GPU 0 of node gpu-a is being re-cut"), "{out:#?}");
+        // A note that does not parse holds its node and says why.
+        making[0].annotations.insert(ROOM_ANNOTATION.into(), "{".into());
+        let out = run(&making, &pods, &opts());
+        assert!(out.held.iter().any(|(n, why)| n == "gpu-a" && why.contains(ROOM_ANNOTATION)), "{out:#?}");
+        assert!(out.decisions.is_empty(), "{out:#?}");
+        // The pods did not opt in: no room.
+        let mut stay = pods.clone();
+        stay[0].movable = None;
+        let out = run(&nodes, &stay, &opts());
+        assert!(out.decisions.is_empty() && out.drains.is_empty(), "{out:#?}");
+    }
+}
+
 /// The node `--defrag` reserves for a tensor-parallel pod is, among the nodes whose pods may all
 /// move, the one a brute force finds cheapest, and every move lands in room that exists.
 mod defrag_props {
