@@ -1,5 +1,6 @@
 //! A plan under way: its evictions, how it ended, and the words the logs and Events use.
 
+use gpupart_cluster::controller::decide::Drain;
 use gpupart_cluster::defrag::gpu_room::RoomNote;
 use gpupart_cluster::defrag::movable::Owner;
 use gpupart_cluster::defrag::room::{self, Want};
@@ -136,4 +137,14 @@ pub(super) fn words(w: &Wants) -> String {
 pub(super) fn gpus_words(gpus: &[u32]) -> String {
     let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
     format!("GPU{} {}", if gpus.len() == 1 { "" } else { "s" }, list.join(", "))
+}
+
+/// What identifies a label-mode plan: the node (and GPU, for a room) and the pods it moves.
+pub(super) fn drain_signature(d: &Drain) -> String {
+    let mut pods: Vec<&str> = d.moves.iter().flatten().map(|(p, _)| p.as_str()).collect();
+    pods.sort_unstable();
+    match &d.room {
+        Some(r) => format!("{}:GPU {}:{}", d.node, r.gpu, pods.join(",")),
+        None => format!("{}:{}", d.node, pods.join(",")),
+    }
 }

@@ -144,7 +144,7 @@ impl Defrag {
         if now - f.at < self.args.defrag_cooldown.as_secs() as i64 {
             return Some(format!("its last plan failed {} s ago (--defrag-cooldown)", now - f.at));
         }
-        (f.signature == start::drain_signature(d)).then(|| "the same plan failed before".to_string())
+        (f.signature == campaign::drain_signature(d)).then(|| "the same plan failed before".to_string())
     }
 
     /// One batch: the plans under way go on or end, then new plans for pods that wait. `drains`

@@ -346,13 +346,3 @@ fn for_waiting(
         .map(|(r, m)| (r.key.clone(), m.clone()))
         .collect()
 }
-
-/// What identifies a label-mode plan: the node (and GPU, for a room) and the pods it moves.
-pub(super) fn drain_signature(d: &Drain) -> String {
-    let mut pods: Vec<&str> = d.moves.iter().flatten().map(|(p, _)| p.as_str()).collect();
-    pods.sort_unstable();
-    match &d.room {
-        Some(r) => format!("{}:GPU {}:{}", d.node, r.gpu, pods.join(",")),
-        None => format!("{}:{}", d.node, pods.join(",")),
-    }
-}
