@@ -187,6 +187,7 @@ impl Node {
                 mig_enabled: true,
                 occupied: Vec::new(),
                 whole_taken: false,
+                mps_shares: 0,
             })
             .collect();
         Self {
@@ -258,6 +259,7 @@ impl Node {
             let v = &mut self.views[r.gpu as usize];
             match r.kind {
                 DeviceKind::Gpu => v.whole_taken = true,
+                DeviceKind::Mps => v.mps_shares += 1,
                 DeviceKind::Mig { profile_id, placement } => v.occupied.push((profile_id, placement)),
             }
         }
@@ -272,6 +274,7 @@ impl Node {
             let v = &mut self.views[r.gpu as usize];
             match r.kind {
                 DeviceKind::Gpu => v.whole_taken = false,
+                DeviceKind::Mps => v.mps_shares = v.mps_shares.saturating_sub(1),
                 DeviceKind::Mig { profile_id, placement } => {
                     v.occupied.retain(|o| *o != (profile_id, placement));
                     destroyed += 1;
@@ -749,7 +752,8 @@ fn latencies(model: &str, delay: Duration) {
                 uid: uid.clone(),
                 namespace: "ml".into(),
                 name: uid.clone(),
-                devices: vec![AllocatedDevice { request: "gpu".into(), pool: NODE.into(), device: name }],
+                devices: vec![AllocatedDevice::whole("gpu", NODE, &name)],
+                share_config: None,
             };
             let t = Instant::now();
             d.prepare(&b, &claim).expect("prepared");

@@ -665,6 +665,22 @@ pub struct AgentArgs {
     /// kubelet prepares it (`--watch-claims=false`: only Prepare and Unprepare republish).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub watch_claims: bool,
+    /// Memory an MPS share takes when its claim names none (a quantity: `1Gi`, `4096Mi`).
+    #[arg(long, value_name = "BYTES", default_value = "1Gi", value_parser = bytes)]
+    pub dra_mps_default_memory: u64,
+    /// MPS shares' memory requests are rounded up to a multiple of this (and take at least it).
+    #[arg(long, value_name = "BYTES", default_value = "256Mi", value_parser = bytes)]
+    pub dra_mps_memory_step: u64,
+}
+
+/// A byte quantity as Kubernetes writes it (`1Gi`, `256Mi`, `1073741824`).
+fn bytes(s: &str) -> Result<u64, String> {
+    let q = gpupart_node::dra::slices::Quantity { value: s.to_string() };
+    match q.as_u64() {
+        Some(0) => Err(format!("'{s}' is zero bytes")),
+        Some(n) => Ok(n),
+        None => Err(format!("'{s}' is not a byte quantity (e.g. 1Gi, 512Mi, 1073741824)")),
+    }
 }
 
 impl AgentArgs {
@@ -687,6 +703,10 @@ impl AgentArgs {
             resync_interval: self.resync_interval,
             annotation_prefix: self.annotation_prefix.clone(),
             annotation_min_interval: self.annotation_min_interval,
+            mps_policy: gpupart_node::dra::publish::MpsPolicy {
+                default_memory: self.dra_mps_default_memory,
+                memory_step: self.dra_mps_memory_step,
+            },
         }
     }
 }

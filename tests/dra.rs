@@ -36,10 +36,17 @@ fn registers_publishes_and_registers_again_when_its_socket_goes() {
         assert!(s.devices.len() <= 64 && s.shared_counters.len() <= 8, "{name}");
     }
     let sets: Vec<&str> = slices.iter().flat_map(|(_, s)| s.shared_counters.iter().map(|c| c.name.as_str())).collect();
-    assert_eq!(sets, ["gpu-0-counter-set", "gpu-1-counter-set"], "one counter set per MIG GPU");
+    assert_eq!(
+        sets,
+        ["gpu-0-counter-set", "gpu-1-counter-set", "gpu-2-counter-set"],
+        "one counter set per GPU (the T4's: its memory, whole or shared)"
+    );
     let devices: Vec<_> = slices.iter().flat_map(|(_, s)| s.devices.iter()).collect();
     let t4 = devices.iter().find(|d| d.name == "gpu-2").expect("the T4 whole");
-    assert!(t4.consumes_counters.is_empty());
+    assert_eq!(t4.consumes_counters.len(), 1, "the T4's counter set: its memory");
+    assert_eq!(t4.consumes_counters[0].counter_set, "gpu-2-counter-set");
+    assert_eq!(t4.attributes["sharing"].text().as_deref(), Some("none"));
+    assert!(devices.iter().any(|d| d.name == "gpu-2-mps"), "and as MPS shares");
     assert_eq!(t4.attributes["type"].string.as_deref(), Some("gpu"));
     let mig = devices.iter().find(|d| d.name.starts_with("gpu-0-mig-1g-10gb-")).expect("a 1g.10gb device");
     for a in [
@@ -60,10 +67,10 @@ fn registers_publishes_and_registers_again_when_its_socket_goes() {
     let slices_consumed: Vec<&String> =
         mig.consumes_counters[0].counters.keys().filter(|k| k.starts_with("memory-slice-")).collect();
     assert_eq!(slices_consumed.len(), 1);
-    // Every placement of every profile on both A100s, plus three whole GPUs.
+    // Every placement of every profile on both A100s, plus three whole GPUs and the T4's MPS device.
     let per_gpu = devices.iter().filter(|d| d.name.starts_with("gpu-0-mig-")).count();
     assert!(per_gpu >= 18, "{per_gpu}");
-    assert_eq!(devices.len(), 2 * per_gpu + 3);
+    assert_eq!(devices.len(), 2 * per_gpu + 3 + 1);
 
     // The kubelet cleans its registry (a restart): the plugin is served and registered again.
     std::fs::remove_file(rig.path("plugins_registry").join(format!("{DRIVER}-reg.sock"))).unwrap();

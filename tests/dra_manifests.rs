@@ -56,9 +56,20 @@ fn every_default_profile_has_a_class_mapping_its_extended_resource() {
         assert!(expr.contains(&format!("profile == '{p}'")) && expr.contains("type == 'mig'"), "{expr}");
         assert!(expr.contains("device.driver == 'gpu.gpupart.io'"), "{expr}");
     }
-    for (name, ty) in [("gpu.gpupart.io", "gpu"), ("mig.gpupart.io", "mig")] {
+    for (name, ty, sharing) in [
+        ("gpu.gpupart.io", "gpu", Some("none")),
+        ("mps.gpupart.io", "gpu", Some("mps")),
+        ("mig.gpupart.io", "mig", None),
+    ] {
         let c = classes.iter().find(|c| c["metadata"]["name"] == name).unwrap_or_else(|| panic!("no {name}"));
-        assert!(c["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap().contains(&format!("type == '{ty}'")));
+        let expr = c["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
+        assert!(expr.contains(&format!("type == '{ty}'")), "{expr}");
+        if let Some(s) = sharing {
+            assert!(
+                expr.contains(&format!("sharing == '{s}'")),
+                "{name}: a whole GPU and an MPS share are told apart: {expr}"
+            );
+        }
     }
 }
 

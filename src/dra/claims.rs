@@ -25,7 +25,7 @@ pub enum ClaimProblem {
     #[error("its allocation has no device of driver {0} (only {1})")]
     OtherDrivers(String, String),
     /// An opaque config for this driver that it does not understand.
-    #[error("opaque config for driver {driver} is not understood ({detail}); gpupart takes no device parameters")]
+    #[error("opaque config for driver {driver}: {detail}")]
     Config {
         /// The driver named.
         driver: String,
@@ -54,20 +54,36 @@ pub fn to_prepare(claim: &ResourceClaim, asked_uid: &str, driver: &str) -> Resul
     }
     let alloc = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).ok_or(ClaimProblem::NotAllocated)?;
     let devices = alloc.devices.as_ref();
+    let mut share_config = None;
     for c in devices.and_then(|d| d.config.as_ref()).into_iter().flatten() {
         if let Some(o) = c.opaque.as_ref().filter(|o| o.driver == driver) {
-            let detail = serde_json::to_string(&o.parameters).unwrap_or_default();
-            return Err(ClaimProblem::Config {
-                driver: driver.to_string(),
-                detail: detail.chars().take(120).collect(),
-            });
+            if share_config.is_some() {
+                let detail = "more than one opaque config names this driver; give one".to_string();
+                return Err(ClaimProblem::Config { driver: driver.to_string(), detail });
+            }
+            let parsed = gpupart_node::dra::share_config::parse(&o.parameters.0)
+                .map_err(|e| ClaimProblem::Config { driver: driver.to_string(), detail: e.to_string() })?;
+            share_config = Some(parsed);
         }
     }
     let results = devices.and_then(|d| d.results.as_ref()).cloned().unwrap_or_default();
     let mine: Vec<AllocatedDevice> = results
         .iter()
         .filter(|r| r.driver == driver)
-        .map(|r| AllocatedDevice { request: r.request.clone(), pool: r.pool.clone(), device: r.device.clone() })
+        .map(|r| AllocatedDevice {
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+            consumed: r
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .filter_map(|(k, q)| {
+                    Some((k.clone(), gpupart_node::dra::slices::Quantity { value: q.0.clone() }.as_u64()?))
+                })
+                .collect(),
+        })
         .collect();
     if mine.is_empty() {
         let mut others: Vec<&str> = results.iter().map(|r| r.driver.as_str()).collect();
@@ -83,6 +99,7 @@ pub fn to_prepare(claim: &ResourceClaim, asked_uid: &str, driver: &str) -> Resul
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
         name: claim.metadata.name.clone().unwrap_or_default(),
         devices: mine,
+        share_config,
     })
 }
 

@@ -1,5 +1,6 @@
 //! The DRA plugin's metrics (docs/metrics.md): prepared claims, Prepare and Unprepare latency,
-//! failures by reason, published devices and republishes.
+//! failures by reason, published devices and republishes, and per GPU its MPS shares, the memory
+//! they hold and whether their daemon answers.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,6 +18,20 @@ pub struct DraMetrics {
     republishes: Counter,
     latency: Family<Labels, Histogram>,
     failures: Family<Labels, Counter>,
+    mps_shares: Family<Labels, Gauge<f64, AtomicU64>>,
+    mps_memory: Family<Labels, Gauge<f64, AtomicU64>>,
+    mps_daemon_up: Family<Labels, Gauge<f64, AtomicU64>>,
+}
+
+/// One GPU's MPS shares as the plugin last saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuShares {
+    /// Shares prepared.
+    pub shares: u32,
+    /// Device memory their clients may pin, bytes.
+    pub memory_bytes: u64,
+    /// Whether the GPU's MPS daemon answers.
+    pub daemon_up: bool,
 }
 
 impl DraMetrics {
@@ -42,7 +57,30 @@ impl DraMetrics {
             "Claims that failed to prepare or unprepare, by operation and reason",
             failures.clone(),
         );
-        Self { prepared, published, republishes, latency, failures }
+        let gauges = |r: &mut Registry, name: &str, help: &str| {
+            let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+            r.register(name, help, f.clone());
+            f
+        };
+        let mps_shares = gauges(r, "dra_mps_shares", "MPS shares prepared on each GPU");
+        let mps_memory =
+            gauges(r, "dra_mps_memory_bytes", "Device memory the MPS shares of each GPU may pin, in bytes");
+        let mps_daemon_up =
+            gauges(r, "dra_mps_daemon_up", "1 when the MPS daemon serving a GPU's shares answers, else 0");
+        Self { prepared, published, republishes, latency, failures, mps_shares, mps_memory, mps_daemon_up }
+    }
+
+    /// Records each GPU's MPS shares (GPUs without shares read 0).
+    pub fn shares(&self, gpus: &std::collections::BTreeMap<u32, GpuShares>) {
+        self.mps_shares.clear();
+        self.mps_memory.clear();
+        self.mps_daemon_up.clear();
+        for (gpu, s) in gpus {
+            let l = vec![("gpu".to_string(), gpu.to_string())];
+            self.mps_shares.get_or_create(&l).set(f64::from(s.shares));
+            self.mps_memory.get_or_create(&l).set(s.memory_bytes as f64);
+            self.mps_daemon_up.get_or_create(&l).set(if s.daemon_up { 1.0 } else { 0.0 });
+        }
     }
 
     /// Records one claim's operation (`prepare` | `unprepare`) and, when it failed, its reason.

@@ -67,6 +67,8 @@ pub struct DraOptions {
     pub annotation_prefix: String,
     /// Shortest interval between two summary writes.
     pub annotation_min_interval: Duration,
+    /// How MPS shares are asked for.
+    pub mps_policy: gpupart_node::dra::publish::MpsPolicy,
 }
 
 /// Runs the DRA plugin until SIGTERM or SIGINT.
@@ -86,13 +88,15 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         mig_minors: a.nvidia_caps_minors.clone(),
         state_dir: a.dra_state_dir.clone(),
     };
-    let mut driver = Driver::open(cfg).context("reading the DRA checkpoint")?;
+    let mut driver =
+        Driver::open(cfg).context("reading the DRA checkpoint")?.with_mps(gpupart_node::mps::Mps::from_args(g));
     let report = driver.start(backend.as_ref()).map_err(anyhow::Error::msg)?;
     tracing::info!(
         adopted = report.adopted,
         forgotten = report.forgotten,
         rolled_back = report.rolled_back,
         finished = report.finished,
+        daemons_restarted = report.daemons_restarted,
         "checkpoint reconciled with the GPUs"
     );
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
@@ -106,7 +110,9 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         let limits =
             crate::http::ServeLimits { max_connections: a.http_max_connections as usize, timeout: a.http_timeout };
         tokio::spawn(async move { crate::http::serve(listener, crate::http::router(http_state), limits).await });
-        let publisher = publisher::Publisher::start(client.clone(), &a.driver_name, &node, backend.as_ref()).await?;
+        let mut publisher =
+            publisher::Publisher::start(client.clone(), &a.driver_name, &node, backend.as_ref()).await?;
+        publisher.catalog.mps = a.mps_policy;
         let (node_changed, mut node_changes) = tokio::sync::mpsc::channel::<()>(8);
         let keys = vec![gpupart_node::dra::reservation::ANNOTATION.to_string()];
         let node_view = crate::kube::NodeWatch::spawn(client.clone(), &node, keys, node_changed);

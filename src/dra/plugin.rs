@@ -77,7 +77,7 @@ impl DraNode {
                 pool_name: g.pool,
                 device_name: g.device,
                 cdi_device_ids: g.cdi_ids,
-                share_id: None,
+                share_id: g.share_id,
             })
             .collect())
     }
@@ -154,6 +154,23 @@ pub async fn publish_loop(
             // checkpoint says the claims hold are of one moment (a Prepare or Unprepare half seen
             // would make an instance look like no claim's and taint what it blocks).
             let d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
+            // Shares keep their daemon: one that died is started again (its clients' limits are
+            // in their own environment).
+            let mut shares = std::collections::BTreeMap::new();
+            for (gpu, (n, memory_bytes)) in d.shares() {
+                let daemon_up = match d.revive_daemon(me.backend.as_ref(), gpu) {
+                    Ok(true) => {
+                        tracing::warn!(gpu, "the MPS daemon of prepared shares was gone; started again");
+                        true
+                    }
+                    Ok(false) => true,
+                    Err(e) => {
+                        tracing::error!(gpu, error = %e, "the MPS daemon of prepared shares cannot start");
+                        false
+                    }
+                };
+                shares.insert(gpu, super::metrics::GpuShares { shares: n, memory_bytes, daemon_up });
+            }
             let states = me.backend.observe_all()?;
             let tables = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| &s.profiles);
             let held = me.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -190,11 +207,11 @@ pub async fn publish_loop(
             }
             drop(last);
             let prepared = d.checkpoint().claims.len();
-            Ok::<_, gpupart_node::backend::BackendError>((states, offered, unavailable, prepared))
+            Ok::<_, gpupart_node::backend::BackendError>((states, offered, unavailable, prepared, shares))
         })
         .await;
         match computed {
-            Ok(Ok((states, offered, unavailable, prepared))) => {
+            Ok(Ok((states, offered, unavailable, prepared, shares))) => {
                 let gpus = publisher.catalog.gpus(&states, &publisher.driver_version);
                 match publisher.publish(&gpus, &offered, &unavailable).await {
                     Ok(p) => {
@@ -203,9 +220,17 @@ pub async fn publish_loop(
                         health.set_ready();
                         if let Some(m) = node.metrics.dra() {
                             m.published(p.devices, prepared);
+                            m.shares(&shares);
                         }
                         node.metrics.update(&states, None, 0.0);
-                        let frags = gpupart_node::frag::node_gpu_frags(&states, &[], None);
+                        let mut frags = gpupart_node::frag::node_gpu_frags(&states, &[], None);
+                        // MPS shares count as label mode's slots: the server's clients, one a share.
+                        for (f, s) in frags.iter_mut().zip(&states) {
+                            if let Some(g) = shares.get(&s.info.index) {
+                                let clients = gpupart_node::mps::settings::max_clients(&s.info);
+                                gpupart_node::frag::count_mps_slots(f, clients, g.shares.min(clients));
+                            }
+                        }
                         let totals = gpupart_node::frag::node_frag(&frags);
                         node.summaries
                             .publish_summary(crate::kube::summary::summarize(&states, &frags, &totals, false));

@@ -65,12 +65,10 @@ impl DraRig {
         }
         std::fs::write(node.dir.path().join("mig-minors"), minors).unwrap();
         let api = ApiServer::start(NODE);
-        for (name, sel) in [("gpu.gpupart.io", "gpu"), ("mig.gpupart.io", "mig")] {
-            let expr = format!("device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{sel}'");
-            api.put(
-                "deviceclasses",
-                json!({"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expr}}]}}),
-            );
+        // The DeviceClasses as shipped.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/dra/deviceclasses.yaml");
+        for class in serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(path).unwrap()).unwrap() {
+            api.put("deviceclasses", class);
         }
         let kubelet = DraKubelet::start(&node.dir.path().join("plugins_registry"));
         let rig = Self {
@@ -214,8 +212,9 @@ impl DraRig {
             d.taints.is_empty()
                 && match me.kind {
                     DeviceKind::Gpu => mine.next().is_none(),
+                    DeviceKind::Mps => mine.all(|a| a.kind == DeviceKind::Mps),
                     DeviceKind::Mig { placement, .. } => mine.all(|a| match a.kind {
-                        DeviceKind::Gpu => false,
+                        DeviceKind::Gpu | DeviceKind::Mps => false,
                         DeviceKind::Mig { placement: p, .. } => !p.overlaps(placement),
                     }),
                 }
@@ -263,6 +262,7 @@ impl DraRig {
                     mig_enabled: g.mig_mode.current,
                     occupied,
                     whole_taken: whole || (!g.mig_mode.current && !g.processes.is_empty()),
+                    mps_shares: 0,
                 }
             })
             .collect();
@@ -316,6 +316,31 @@ impl DraRig {
         uid
     }
 
+    /// A claim for one MPS share (class `mps.gpupart.io`) asking for `memory` (a quantity; "" asks
+    /// for none).
+    pub fn mps_claim(&self, name: &str, memory: &str) -> String {
+        let uid = self.claim(name, &[("gpu", "mps.gpupart.io", "", 1)]);
+        if !memory.is_empty() {
+            let key = ("resourceclaims".to_string(), "ml".to_string(), name.to_string());
+            self.api.change(|s| {
+                let mut c = s.objects.get(&key).cloned().expect("the claim exists");
+                c["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = json!({"requests": {"memory": memory}});
+                s.put(key.clone(), c);
+            });
+        }
+        uid
+    }
+
+    /// Gives claim `name` an opaque config for this driver (`spec.devices.config`).
+    pub fn configure(&self, name: &str, parameters: Value) {
+        let key = ("resourceclaims".to_string(), "ml".to_string(), name.to_string());
+        self.api.change(|s| {
+            let mut c = s.objects.get(&key).cloned().expect("the claim exists");
+            c["spec"]["devices"]["config"] = json!([{"opaque": {"driver": DRIVER, "parameters": parameters}}]);
+            s.put(key.clone(), c);
+        });
+    }
+
     /// A claim for one MIG device of `profile`.
     pub fn mig_claim(&self, name: &str, profile: &str) -> String {
         let cel = format!("device.attributes['{DRIVER}'].profile == '{profile}'");
@@ -334,6 +359,11 @@ impl DraRig {
             let class_obj = self.api.get("deviceclasses", "", class).ok_or(format!("no DeviceClass {class}"))?;
             let mut req =
                 Request::new(r["name"].as_str().unwrap_or_default(), &[], ex["count"].as_u64().unwrap_or(1) as usize);
+            for (k, v) in ex["capacity"]["requests"].as_object().into_iter().flatten() {
+                let q = gpupart::dra::slices::Quantity { value: v.as_str().unwrap_or_default().to_string() };
+                req.capacity
+                    .insert(k.clone(), q.as_u64().ok_or(format!("capacity request {k}: {v} is not a quantity"))?);
+            }
             let exprs = class_obj["spec"]["selectors"]
                 .as_array()
                 .cloned()
@@ -353,7 +383,21 @@ impl DraRig {
             for c in self.api.store().all("resourceclaims") {
                 for r in c["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default() {
                     let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-                    alloc.allocated.insert((s("driver"), s("pool"), s("device")));
+                    let key = (s("driver"), s("pool"), s("device"));
+                    if r["shareID"].is_string() {
+                        let consumed = r["consumedCapacity"]
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|(k, v)| {
+                                let q = gpupart::dra::slices::Quantity { value: v.as_str()?.to_string() };
+                                Some((k.clone(), q.as_u64()?))
+                            })
+                            .collect();
+                        alloc.shares.entry(key).or_default().push(consumed);
+                    } else {
+                        alloc.allocated.insert(key);
+                    }
                 }
             }
             if let Some(got) = alloc.allocate(&requests) {
@@ -367,10 +411,26 @@ impl DraRig {
                 std::thread::sleep(Duration::from_millis(5));
             }
         };
-        let results: Vec<(&str, &str, &str, &str)> =
-            got.iter().map(|a| (a.request.as_str(), a.driver.as_str(), a.pool.as_str(), a.device.as_str())).collect();
-        self.set_allocation(name, &results);
+        self.set_results(name, &got);
         Ok(got)
+    }
+
+    /// Writes claim `name`'s `status.allocation` with these results, shares included.
+    pub fn set_results(&self, name: &str, got: &[Allocated]) {
+        let results: Vec<Value> = got
+            .iter()
+            .map(|a| {
+                let mut r = json!({"request": a.request, "driver": a.driver, "pool": a.pool, "device": a.device});
+                if let Some(id) = &a.share_id {
+                    r["shareID"] = json!(id);
+                    let consumed: serde_json::Map<String, Value> =
+                        a.consumed.iter().map(|(k, v)| (k.clone(), json!(v.to_string()))).collect();
+                    r["consumedCapacity"] = Value::Object(consumed);
+                }
+                r
+            })
+            .collect();
+        self.write_results(name, results);
     }
 
     /// Writes claim `name`'s `status.allocation` with these results: (request, driver, pool,
@@ -380,10 +440,25 @@ impl DraRig {
             .iter()
             .map(|(request, driver, pool, device)| json!({"request": request, "driver": driver, "pool": pool, "device": device}))
             .collect();
+        self.write_results(name, results);
+    }
+
+    fn write_results(&self, name: &str, results: Vec<Value>) {
         let key = ("resourceclaims".to_string(), "ml".to_string(), name.to_string());
         self.api.change(|s| {
             let mut c = s.objects.get(&key).cloned().expect("the claim exists");
-            c["status"] = json!({"allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}});
+            // As the scheduler, the claim's device configs go into the allocation (FromClaim).
+            let config: Vec<Value> = c["spec"]["devices"]["config"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|mut x| {
+                    x["source"] = json!("FromClaim");
+                    x
+                })
+                .collect();
+            c["status"] = json!({"allocation": {"devices": {"results": results, "config": config}, "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}});
             s.put(key.clone(), c);
         });
     }

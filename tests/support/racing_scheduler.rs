@@ -89,13 +89,14 @@ fn fits(tables: &BTreeMap<u32, ProfileTable>, held: &[DeviceRef], d: DeviceRef) 
     let mine: Vec<&DeviceRef> = held.iter().filter(|h| h.gpu == d.gpu).collect();
     match d.kind {
         DeviceKind::Gpu => mine.is_empty(),
+        DeviceKind::Mps => mine.iter().all(|h| h.kind == DeviceKind::Mps),
         DeviceKind::Mig { profile_id, placement } => {
             let Some(t) = tables.get(&d.gpu) else { return false };
             let Some(p) = t.by_id(profile_id) else { return false };
             let mut occ = Occupancy::empty();
             for h in &mine {
                 match h.kind {
-                    DeviceKind::Gpu => return false,
+                    DeviceKind::Gpu | DeviceKind::Mps => return false,
                     DeviceKind::Mig { profile_id, placement } => match t.by_id(profile_id) {
                         Some(hp) => occ.add(hp, placement),
                         None => return false,
@@ -164,6 +165,7 @@ impl RacingScheduler {
                 let alloc = Allocator {
                     slices: cache.iter().map(|(n, s)| (n.clone(), s.clone())).collect(),
                     allocated: held.iter().map(|a| (a.driver.clone(), a.pool.clone(), a.device.clone())).collect(),
+                    shares: Default::default(),
                 };
                 let parse = |n: &str| DeviceRef::parse(n, |g| tables.get(&g));
                 let held_refs: Vec<DeviceRef> =

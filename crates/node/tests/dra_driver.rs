@@ -75,10 +75,8 @@ fn claim(uid: &str, devices: &[&str]) -> ClaimToPrepare {
         uid: uid.into(),
         namespace: "ml".into(),
         name: format!("claim-{uid}"),
-        devices: devices
-            .iter()
-            .map(|d| AllocatedDevice { request: "gpu".into(), pool: "node-a".into(), device: d.to_string() })
-            .collect(),
+        devices: devices.iter().map(|d| AllocatedDevice::whole("gpu", "node-a", d)).collect(),
+        share_config: None,
     }
 }
 
@@ -241,6 +239,7 @@ fn a_restart_rolls_back_half_prepared_claims_and_never_touches_foreign_instances
                 gi: None,
                 ci: None,
                 uuid: None,
+                share: None,
             }],
         },
     );
@@ -257,6 +256,7 @@ fn a_restart_rolls_back_half_prepared_claims_and_never_touches_foreign_instances
     assert!(offered.iter().all(|o| match o.kind {
         DeviceKind::Mig { placement, .. } => o.gpu != 1 || !placement.overlaps(Placement::new(6, 1)),
         DeviceKind::Gpu => o.gpu != 1 && o.gpu != 0,
+        DeviceKind::Mps => false,
     }));
     let e = restarted.prepare(&b, &claim("over", &[&mig_name(&b, 1, "3g.40gb", 4)])).unwrap_err();
     assert_eq!(e.reason, Reason::Occupied);

@@ -155,7 +155,8 @@ struct Room {
 /// The memory slices `kind` takes on a GPU of `table`.
 fn share_of(kind: &DeviceKind, table: &ProfileTable) -> u32 {
     match kind {
-        DeviceKind::Gpu => table.memory_slices.max(1),
+        // An MPS share holds the GPU as a whole does (no MIG device and no whole claim beside it).
+        DeviceKind::Gpu | DeviceKind::Mps => table.memory_slices.max(1),
         DeviceKind::Mig { profile_id, .. } => table.by_id(*profile_id).map_or(0, |p| p.memory_slices),
     }
 }
@@ -163,7 +164,7 @@ fn share_of(kind: &DeviceKind, table: &ProfileTable) -> u32 {
 /// The profile name of a MIG device, if it is one.
 fn profile_name(kind: &DeviceKind, table: &ProfileTable) -> Option<String> {
     match kind {
-        DeviceKind::Gpu => None,
+        DeviceKind::Gpu | DeviceKind::Mps => None,
         DeviceKind::Mig { profile_id, .. } => table.by_id(*profile_id).map(|p| p.name.to_string()),
     }
 }
@@ -188,10 +189,11 @@ fn view(g: &Gpu, gone: &BTreeSet<&str>) -> GpuView {
         occupied: kept()
             .filter_map(|h| match h.kind {
                 DeviceKind::Mig { profile_id, placement } => Some((profile_id, placement)),
-                DeviceKind::Gpu => None,
+                DeviceKind::Gpu | DeviceKind::Mps => None,
             })
             .collect(),
         whole_taken: kept().any(|h| h.kind == DeviceKind::Gpu),
+        mps_shares: kept().filter(|h| h.kind == DeviceKind::Mps).count() as u32,
     }
 }
 
@@ -318,6 +320,7 @@ fn replace(nodes: &[Node], room: &Room, pods: &[&String], movable: &BTreeMap<Str
                 let v = trial.iter_mut().find(|v| v.index == d.gpu)?;
                 match d.kind {
                     DeviceKind::Gpu => v.whole_taken = true,
+                    DeviceKind::Mps => v.mps_shares += 1,
                     DeviceKind::Mig { profile_id, placement } => v.occupied.push((profile_id, placement)),
                 }
                 got.push(d);
@@ -350,6 +353,7 @@ fn room_after(
         if let Some(v) = views[n].iter_mut().find(|v| v.index == d.gpu) {
             match d.kind {
                 DeviceKind::Gpu => v.whole_taken = true,
+                DeviceKind::Mps => v.mps_shares += 1,
                 DeviceKind::Mig { profile_id, placement } => v.occupied.push((profile_id, placement)),
             }
         }

@@ -1,6 +1,10 @@
 //! Container Device Interface specs for prepared claims (pure): one spec per claim whose devices
 //! give a container the parent GPU's device node, the control and UVM nodes, a MIG device's two
 //! capability nodes (from `/proc/driver/nvidia-caps/mig-minors`) and `NVIDIA_VISIBLE_DEVICES`.
+//! An MPS share also gets its daemon's pipe directory and shared memory mounted and the
+//! environment that holds its client to the share: `CUDA_MPS_PIPE_DIRECTORY`,
+//! `CUDA_MPS_LOG_DIRECTORY`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (this GPU's UUID at the share's
+//! memory) and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`.
 
 use super::checkpoint::PreparedDevice;
 use super::devices::DeviceKind;
@@ -69,13 +73,35 @@ fn node(path: &str) -> Value {
     json!({"path": path, "hostPath": path, "permissions": "rw"})
 }
 
-/// The spec for a claim's devices; `gpu_minor(gpu index)` gives `/dev/nvidia<minor>`. Errors
-/// name a MIG device whose capability minors the file does not list.
+fn mount(path: &str, container: &str) -> Value {
+    json!({"hostPath": path, "containerPath": container, "options": ["rw", "bind"]})
+}
+
+/// The container edits of an MPS share whose daemon lives in `paths`.
+fn share_edits(d: &PreparedDevice, paths: &crate::mps::DaemonPaths) -> Result<(Vec<String>, Vec<Value>), String> {
+    let share = d.share.as_ref().ok_or_else(|| format!("device {} has no share recorded", d.device))?;
+    let (pipe, log, shm) =
+        (paths.pipe().display().to_string(), paths.log().display().to_string(), paths.shm().display().to_string());
+    let mib = (share.memory_bytes >> 20).max(1);
+    let env = vec![
+        format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"),
+        format!("CUDA_MPS_LOG_DIRECTORY={log}"),
+        format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={}={mib}M", paths.gpu_uuid),
+        format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}", share.thread_percentage),
+        format!("GPUPART_MPS_SHARE={}", share.id),
+    ];
+    Ok((env, vec![mount(&pipe, &pipe), mount(&log, &log), mount(&shm, "/dev/shm")]))
+}
+
+/// The spec for a claim's devices; `gpu_minor(gpu index)` gives `/dev/nvidia<minor>`, `mps_root`
+/// where MPS daemons live (`--mps-root`). Errors name a MIG device whose capability minors the
+/// file does not list, or a share without MPS.
 pub fn spec(
     claim_uid: &str,
     devices: &[PreparedDevice],
     gpu_minor: impl Fn(u32) -> u32,
     minors: &MigMinors,
+    mps_root: Option<&std::path::Path>,
 ) -> Result<Value, String> {
     let mut out = Vec::new();
     for d in devices {
@@ -94,13 +120,16 @@ pub fn spec(
             }
         }
         let uuid = d.uuid.clone().unwrap_or_default();
-        out.push(json!({
-            "name": device_name(claim_uid, &d.device),
-            "containerEdits": {
-                "env": [format!("NVIDIA_VISIBLE_DEVICES={uuid}")],
-                "deviceNodes": nodes,
-            },
-        }));
+        let mut env = vec![format!("NVIDIA_VISIBLE_DEVICES={uuid}")];
+        let mut edits = json!({"deviceNodes": nodes});
+        if d.kind == DeviceKind::Mps {
+            let root = mps_root.ok_or_else(|| format!("device {} is an MPS share but MPS is not set up", d.device))?;
+            let (more, mounts) = share_edits(d, &crate::mps::DaemonPaths::new(root, &d.gpu_uuid))?;
+            env.extend(more);
+            edits["mounts"] = json!(mounts);
+        }
+        edits["env"] = json!(env);
+        out.push(json!({"name": device_name(claim_uid, &d.device), "containerEdits": edits}));
     }
     Ok(json!({
         "cdiVersion": CDI_VERSION,

@@ -40,9 +40,24 @@ pub struct PreparedDevice {
     /// The compute instance made for it (MIG devices, once created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ci: Option<u32>,
-    /// The device's UUID as containers see it: `MIG-…`, or `GPU-…` for a whole GPU.
+    /// The device's UUID as containers see it: `MIG-…`, or `GPU-…` for a whole GPU or an MPS
+    /// share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// For an MPS share: which share and what it holds its client to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<MpsShare>,
+}
+
+/// One claim's share of a GPU's MPS daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsShare {
+    /// The allocation's `shareID`.
+    pub id: String,
+    /// Device memory the client may pin (`consumedCapacity.memory`), bytes.
+    pub memory_bytes: u64,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of the client.
+    pub thread_percentage: u32,
 }
 
 /// One claim's entry.

@@ -1,7 +1,9 @@
 //! The devices of a node as DRA sees them: every MIG profile × legal placement of a MIG-capable
-//! GPU, and every whole GPU; their names (`gpu-<index>` and
+//! GPU, every whole GPU, and on a GPU without MIG its MPS device (shared by several claims);
+//! their names (`gpu-<index>`, `gpu-<index>-mps` and
 //! `gpu-<index>-mig-<profile>-<profile id>-<start>`, DNS labels) and the counters they consume
-//! from their GPU's counter set (`memory-slice-<i>` = 1 each, plus the capacities).
+//! from their GPU's counter set (`memory-slice-<i>` = 1 each, plus the capacities; on a GPU
+//! without MIG, its `memory`).
 
 use crate::mig::capacity::Occupancy;
 use crate::mig::{GiProfile, Placement, ProfileTable};
@@ -14,6 +16,9 @@ use std::collections::BTreeMap;
 pub enum DeviceKind {
     /// The whole GPU (MIG mode off).
     Gpu,
+    /// A share of the GPU through its MPS daemon: one published device that several claims are
+    /// allocated, each taking part of its capacity.
+    Mps,
     /// A GPU instance of `profile_id` at `placement` (with one compute instance filling it).
     Mig {
         /// GI profile id.
@@ -42,6 +47,7 @@ impl DeviceRef {
     pub fn name(&self, table: &ProfileTable) -> String {
         match self.kind {
             DeviceKind::Gpu => format!("gpu-{}", self.gpu),
+            DeviceKind::Mps => format!("gpu-{}-mps", self.gpu),
             DeviceKind::Mig { profile_id, placement } => {
                 let profile = table.by_id(profile_id).map_or_else(|| format!("p{profile_id}"), |p| p.name.to_string());
                 format!("gpu-{}-mig-{}-{profile_id}-{}", self.gpu, label_part(&profile), placement.start)
@@ -55,6 +61,9 @@ impl DeviceRef {
         let (gpu, rest) = rest.split_once('-').map_or((rest, None), |(g, r)| (g, Some(r)));
         let gpu: u32 = gpu.parse().ok()?;
         let Some(rest) = rest else { return Some(Self { gpu, kind: DeviceKind::Gpu }) };
+        if rest == "mps" {
+            return Some(Self { gpu, kind: DeviceKind::Mps });
+        }
         let rest = rest.strip_prefix("mig-")?;
         let mut parts = rest.rsplitn(3, '-');
         let start: u32 = parts.next()?.parse().ok()?;
@@ -69,7 +78,7 @@ impl DeviceRef {
 }
 
 /// Every device GPU `gpu` could have: each placement of each profile of `table`, then the whole
-/// GPU.
+/// GPU, then (a GPU without MIG profiles) its MPS device.
 pub fn every_device(gpu: u32, table: &ProfileTable) -> Vec<DeviceRef> {
     let mut out: Vec<DeviceRef> = table
         .profiles
@@ -78,7 +87,16 @@ pub fn every_device(gpu: u32, table: &ProfileTable) -> Vec<DeviceRef> {
         .map(|kind| DeviceRef { gpu, kind })
         .collect();
     out.push(DeviceRef { gpu, kind: DeviceKind::Gpu });
+    if table.profiles.is_empty() {
+        out.push(DeviceRef { gpu, kind: DeviceKind::Mps });
+    }
     out
+}
+
+/// The counter set of a GPU without MIG: its memory, which the whole GPU and its MPS device each
+/// consume entirely, so the scheduler hands the GPU out whole or as MPS shares, never both.
+pub fn whole_counters(memory_bytes: u64) -> Capacities {
+    [("memory".to_string(), memory_bytes)].into_iter().collect()
 }
 
 /// The capacities a device consumes and a GPU's counter set holds, by counter name (NVIDIA's
@@ -156,10 +174,11 @@ fn most(
 }
 
 /// What a device consumes from its GPU's counter set (`counters`: [`gpu_counters`] of the GPU;
-/// a whole GPU consumes all of it).
+/// a whole GPU and an MPS device consume all of it: the scheduler counts an MPS device's
+/// counters once, while any share of it is allocated).
 pub fn consumption(kind: DeviceKind, table: &ProfileTable, counters: &Capacities) -> Capacities {
     match kind {
-        DeviceKind::Gpu => counters.clone(),
+        DeviceKind::Gpu | DeviceKind::Mps => counters.clone(),
         DeviceKind::Mig { profile_id, placement } => {
             let mut c = table.by_id(profile_id).map(profile_capacities).unwrap_or_default();
             for i in placement.start..placement.end() {

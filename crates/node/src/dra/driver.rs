@@ -2,10 +2,11 @@
 //! claim's devices by creating exactly the allocated placements, unprepares them when nothing
 //! uses them, keeps the checkpoint, writes the CDI specs, and at start reconciles the checkpoint
 //! with the GPUs — adopting its instances, rolling back half-made ones, and never touching an
-//! instance it did not make.
+//! instance it did not make. An MPS share needs its GPU's MPS daemon: the first share starts it
+//! (the same supervised daemon and directories as label mode), the last one stops it.
 
 use super::cdi::{self, MigMinors};
-use super::checkpoint::{Checkpoint, CheckpointError, ClaimEntry, ClaimState, PreparedDevice};
+use super::checkpoint::{Checkpoint, CheckpointError, ClaimEntry, ClaimState, MpsShare, PreparedDevice};
 use super::devices::{DeviceKind, DeviceRef};
 use super::order::GpuView;
 use crate::backend::GpuBackend;
@@ -37,6 +38,23 @@ pub struct AllocatedDevice {
     pub pool: String,
     /// The device's name.
     pub device: String,
+    /// The allocation's `shareID` (a device several claims share).
+    pub share_id: Option<String>,
+    /// The allocation's `consumedCapacity`, by capacity name (integers).
+    pub consumed: BTreeMap<String, u64>,
+}
+
+impl AllocatedDevice {
+    /// A device allocated whole (no share).
+    pub fn whole(request: &str, pool: &str, device: &str) -> Self {
+        Self {
+            request: request.into(),
+            pool: pool.into(),
+            device: device.into(),
+            share_id: None,
+            consumed: BTreeMap::new(),
+        }
+    }
 }
 
 /// A claim to prepare, as read from the API.
@@ -50,6 +68,8 @@ pub struct ClaimToPrepare {
     pub name: String,
     /// Its devices for this driver.
     pub devices: Vec<AllocatedDevice>,
+    /// Its opaque config for this driver (MPS shares), if it has one.
+    pub share_config: Option<super::share_config::ShareConfig>,
 }
 
 /// A device handed to the kubelet.
@@ -63,6 +83,8 @@ pub struct Granted {
     pub device: String,
     /// Fully qualified CDI ids.
     pub cdi_ids: Vec<String>,
+    /// The share it is (a device several claims share).
+    pub share_id: Option<String>,
 }
 
 /// Why a claim failed, as a label (metrics) and a message naming the claim.
@@ -80,6 +102,8 @@ pub enum Reason {
     Nvml,
     /// A file (checkpoint, CDI spec, capability minors) could not be written or read.
     Files,
+    /// The GPU's MPS daemon could not be started (or MPS is not set up).
+    Mps,
 }
 
 impl Reason {
@@ -92,6 +116,7 @@ impl Reason {
             Reason::MigMode => "mig_mode",
             Reason::Nvml => "nvml",
             Reason::Files => "files",
+            Reason::Mps => "mps",
         }
     }
 }
@@ -119,18 +144,40 @@ pub struct StartReport {
     pub rolled_back: usize,
     /// Interrupted unprepares finished.
     pub finished: usize,
+    /// MPS daemons started again for the shares they serve (found stopped).
+    pub daemons_restarted: usize,
 }
 
-/// The plugin's state: its config and checkpoint.
-#[derive(Debug)]
+/// The plugin's state: its config, checkpoint and MPS edge.
 pub struct Driver {
     cfg: DriverConfig,
     checkpoint: Checkpoint,
+    mps: Option<crate::mps::Mps>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").field("cfg", &self.cfg).field("checkpoint", &self.checkpoint).finish()
+    }
+}
+
+/// Least `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` a share gets from its memory share.
+pub const MIN_THREAD_PERCENTAGE: u32 = 10;
+
+/// The thread percentage of a share holding `memory` of the GPU's `total`: proportional, rounded
+/// up, at least [`MIN_THREAD_PERCENTAGE`].
+pub fn thread_percentage(memory: u64, total: u64) -> u32 {
+    if total == 0 {
+        return 100;
+    }
+    let pct = (u128::from(memory) * 100).div_ceil(u128::from(total)).min(100) as u32;
+    pct.max(MIN_THREAD_PERCENTAGE)
 }
 
 fn describe(kind: DeviceKind, table: &ProfileTable) -> String {
     match kind {
         DeviceKind::Gpu => "the whole GPU".to_string(),
+        DeviceKind::Mps => "an MPS share".to_string(),
         DeviceKind::Mig { profile_id, placement } => {
             let p = table.by_id(profile_id).map_or_else(|| format!("profile {profile_id}"), |p| p.name.to_string());
             format!("{p} at placement {}..{}", placement.start, placement.end())
@@ -142,7 +189,18 @@ impl Driver {
     /// Loads the checkpoint from the state directory.
     pub fn open(cfg: DriverConfig) -> Result<Self, CheckpointError> {
         let checkpoint = Checkpoint::load(&cfg.state_dir.join("checkpoint.json"))?;
-        Ok(Self { cfg, checkpoint })
+        Ok(Self { cfg, checkpoint, mps: None })
+    }
+
+    /// Serves MPS shares through `mps` (without it, a share's Prepare fails saying so).
+    pub fn with_mps(mut self, mps: crate::mps::Mps) -> Self {
+        self.mps = Some(mps);
+        self
+    }
+
+    /// The MPS shares prepared on GPU `gpu` (by claim uid), leaving out claim `except`.
+    fn shares_on(&self, gpu: u32, except: &str) -> usize {
+        self.checkpoint.devices().filter(|(u, d)| *u != except && d.gpu == gpu && d.kind == DeviceKind::Mps).count()
     }
 
     /// What is prepared.
@@ -204,9 +262,18 @@ impl Driver {
                     }
                 }
                 let whole = held.iter().any(|d| d.gpu == index && d.kind == DeviceKind::Gpu);
-                let outside_mig = everything && !s.mig_mode.current && !s.processes.is_empty();
+                let shares = held.iter().filter(|d| d.gpu == index && d.kind == DeviceKind::Mps).count() as u32;
+                // With shares, the processes are their clients.
+                let outside_mig = everything && !s.mig_mode.current && !s.processes.is_empty() && shares == 0;
                 let table = if s.info.mig_capable { s.profiles.clone() } else { ProfileTable::empty() };
-                GpuView { index, table, mig_enabled: s.mig_mode.current, occupied, whole_taken: whole || outside_mig }
+                GpuView {
+                    index,
+                    table,
+                    mig_enabled: s.mig_mode.current,
+                    occupied,
+                    whole_taken: whole || outside_mig,
+                    mps_shares: shares,
+                }
             })
             .collect()
     }
@@ -242,7 +309,8 @@ impl Driver {
             return Err(fail(Reason::Files, "the checkpoint lost the claim while preparing it".into()));
         };
         let minor_of = |gpu: u32| states.iter().find(|s| s.info.index == gpu).map_or(gpu, |s| s.info.minor);
-        let written = cdi::spec(&claim.uid, &entry.devices, minor_of, &minors).and_then(|spec| {
+        let mps_root = self.mps.as_ref().map(|m| m.root.clone());
+        let written = cdi::spec(&claim.uid, &entry.devices, minor_of, &minors, mps_root.as_deref()).and_then(|spec| {
             let text = serde_json::to_string_pretty(&spec).map_err(|e| e.to_string())?;
             crate::fsutil::write_atomic(&self.cdi_path(&claim.uid), text.as_bytes())
                 .map_err(|e| format!("writing the CDI spec {}: {e}", self.cdi_path(&claim.uid).display()))
@@ -268,7 +336,7 @@ impl Driver {
             return Err((Reason::UnknownDevice, "its allocation names no device of this driver".into()));
         }
         let table_of = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| &s.profiles);
-        let mut by_device: BTreeMap<String, PreparedDevice> = BTreeMap::new();
+        let mut by_device: BTreeMap<(String, Option<String>), PreparedDevice> = BTreeMap::new();
         for a in &claim.devices {
             if a.pool != self.cfg.pool {
                 return Err((
@@ -276,7 +344,8 @@ impl Driver {
                     format!("device {} is in pool {}, not this node's ({})", a.device, a.pool, self.cfg.pool),
                 ));
             }
-            if let Some(d) = by_device.get_mut(&a.device) {
+            let key = (a.device.clone(), a.share_id.clone());
+            if let Some(d) = by_device.get_mut(&key) {
                 d.requests.push(a.request.clone());
                 continue;
             }
@@ -293,8 +362,12 @@ impl Driver {
                     format!("device {} (GPU {}, {}): {m}", a.device, r.gpu, describe(r.kind, &s.profiles)),
                 )
             })?;
+            let share = match r.kind {
+                DeviceKind::Mps => Some(share_of(a, s, claim.share_config.unwrap_or_default())?),
+                _ => None,
+            };
             by_device.insert(
-                a.device.clone(),
+                key,
                 PreparedDevice {
                     requests: vec![a.request.clone()],
                     pool: a.pool.clone(),
@@ -305,11 +378,18 @@ impl Driver {
                     gi: None,
                     ci: None,
                     uuid: None,
+                    share,
                 },
             );
         }
         // Two devices of one claim may not overlap either.
         let list: Vec<PreparedDevice> = by_device.into_values().collect();
+        if claim.share_config.is_some() && !list.iter().any(|d| d.kind == DeviceKind::Mps) {
+            return Err((
+                Reason::UnknownDevice,
+                "its opaque config sets MPS share limits, but it holds no MPS share".into(),
+            ));
+        }
         for (i, a) in list.iter().enumerate() {
             for b in &list[i + 1..] {
                 if a.gpu == b.gpu && overlaps(a.kind, b.kind) {
@@ -348,8 +428,59 @@ impl Driver {
                     return Err(format!("the GPU holds {} MIG instance(s)", s.instances.len()));
                 }
             }
+            DeviceKind::Mps => {
+                if s.mig_mode.current {
+                    return Err("MIG mode is on".into());
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Starts GPU `s`'s MPS daemon unless it runs and answers; returns whether it started it.
+    fn ensure_daemon(&self, s: &GpuState) -> Result<bool, String> {
+        let mps = self.mps.as_ref().ok_or("MPS is not set up on this node (no MPS control program)")?;
+        let paths = mps.paths(&s.info.uuid);
+        let volta = crate::mps::settings::is_volta_or_newer(&s.info);
+        let st = crate::mps::daemon::check(mps.control.as_ref(), &paths, volta);
+        if st.up {
+            return Ok(false);
+        }
+        if st.pid.is_some() {
+            crate::mps::daemon::kill_hung(&paths, mps.wait);
+        }
+        // Per-client limits come from each share's environment; the daemon keeps its defaults.
+        let settings = crate::mps::MpsSettings {
+            replicas: crate::mps::settings::max_clients(&s.info),
+            active_thread_percentage: None,
+            pinned_memory_limit_mib: None,
+        };
+        crate::mps::daemon::start(mps.control.as_ref(), &paths, &settings, mps.wait, mps.shm_bytes).map(|(pid, _)| {
+            tracing::info!(gpu = s.info.index, pid, "started the GPU's MPS daemon for its shares");
+            true
+        })
+    }
+
+    /// Stops GPU `s`'s MPS daemon (its last share is gone).
+    fn stop_daemon(&self, s: &GpuState) {
+        if let Some(mps) = &self.mps {
+            let paths = mps.paths(&s.info.uuid);
+            crate::mps::daemon::stop(mps.control.as_ref(), &paths, mps.wait);
+            tracing::info!(gpu = s.info.index, "stopped the GPU's MPS daemon: its last share is gone");
+        }
+    }
+
+    /// The MPS client pids of GPU `s`'s daemon, and the processes NVML sees on it.
+    fn mps_users(&self, s: &GpuState) -> Vec<u32> {
+        let mut pids: Vec<u32> = s.all_processes().map(|p| p.pid).collect();
+        if let Some(mps) = &self.mps {
+            let volta = crate::mps::settings::is_volta_or_newer(&s.info);
+            let st = crate::mps::daemon::probe(mps.control.as_ref(), &mps.paths(&s.info.uuid), volta);
+            pids.extend(st.clients);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Creates every device of a recorded claim, recording each step.
@@ -405,6 +536,10 @@ impl Driver {
                         .map(|c| c.uuid.clone());
                     self.record(uid, i, |p| p.uuid = uuid);
                 }
+                DeviceKind::Mps => {
+                    self.ensure_daemon(&current).map_err(|m| (Reason::Mps, format!("{what}: {m}")))?;
+                    self.record(uid, i, |p| p.uuid = Some(s.info.uuid.clone()));
+                }
             }
             self.save().map_err(|e| (Reason::Files, e.to_string()))?;
         }
@@ -442,6 +577,11 @@ impl Driver {
                     }
                 }
                 DeviceKind::Gpu => return_to_mig(backend, &s),
+                DeviceKind::Mps => {
+                    if self.shares_on(d.gpu, uid) == 0 {
+                        self.stop_daemon(&s);
+                    }
+                }
             }
         }
         let _ = std::fs::remove_file(self.cdi_path(uid));
@@ -470,6 +610,12 @@ impl Driver {
                     .flat_map(|i| i.all_processes())
                     .map(|p| p.pid.to_string())
                     .collect(),
+                // A client cannot be told apart from another share's: the daemon's clients
+                // keep the last share (and so the daemon) in place.
+                DeviceKind::Mps if self.shares_on(d.gpu, uid) == 0 => {
+                    self.mps_users(s).iter().map(u32::to_string).collect()
+                }
+                DeviceKind::Mps => Vec::new(),
             };
             if !pids.is_empty() {
                 return Err(fail(
@@ -493,6 +639,11 @@ impl Driver {
                     }
                 }
                 DeviceKind::Gpu => return_to_mig(backend, s),
+                DeviceKind::Mps => {
+                    if self.shares_on(d.gpu, uid) == 0 {
+                        self.stop_daemon(s);
+                    }
+                }
             }
         }
         match std::fs::remove_file(self.cdi_path(uid)) {
@@ -540,7 +691,7 @@ impl Driver {
                                 return false;
                             };
                             match d.kind {
-                                DeviceKind::Gpu => true,
+                                DeviceKind::Gpu | DeviceKind::Mps => true,
                                 DeviceKind::Mig { profile_id, placement } => s.instances.iter().any(|i| {
                                     Some(i.id) == d.gi && i.placement == placement && i.profile_id == profile_id
                                 }),
@@ -565,13 +716,104 @@ impl Driver {
             reason: Reason::Files,
             message: e.to_string(),
         })?;
+        // The daemons of the shares kept: adopted when they answer, started again when not.
+        let shared: std::collections::BTreeSet<u32> =
+            self.checkpoint.devices().filter(|(_, d)| d.kind == DeviceKind::Mps).map(|(_, d)| d.gpu).collect();
+        if !shared.is_empty() {
+            let states = backend.observe_all().map_err(|e| ClaimError {
+                claim: "checkpoint".into(),
+                reason: Reason::Nvml,
+                message: format!("reading the GPUs: {e}"),
+            })?;
+            for s in states.iter().filter(|s| shared.contains(&s.info.index)) {
+                match self.ensure_daemon(s) {
+                    Ok(true) => report.daemons_restarted += 1,
+                    Ok(false) => {}
+                    Err(m) => {
+                        tracing::error!(gpu = s.info.index, error = %m, "the MPS daemon of prepared shares cannot start")
+                    }
+                }
+            }
+        }
         Ok(report)
     }
+
+    /// The GPUs with MPS shares prepared.
+    pub fn shared_gpus(&self) -> std::collections::BTreeSet<u32> {
+        self.shares().into_keys().collect()
+    }
+
+    /// Per GPU with MPS shares prepared: how many, and the device memory their clients may pin.
+    pub fn shares(&self) -> BTreeMap<u32, (u32, u64)> {
+        let mut out: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+        for (_, d) in self.checkpoint.devices().filter(|(_, d)| d.kind == DeviceKind::Mps) {
+            let e = out.entry(d.gpu).or_default();
+            e.0 += 1;
+            e.1 += d.share.as_ref().map_or(0, |s| s.memory_bytes);
+        }
+        out
+    }
+
+    /// GPU `gpu`'s MPS daemon again, if shares are prepared there and it is not up; whether it
+    /// started one (supervision).
+    pub fn revive_daemon(&self, backend: &dyn GpuBackend, gpu: u32) -> Result<bool, String> {
+        if self.shares_on(gpu, "") == 0 {
+            return Ok(false);
+        }
+        let s = backend.observe(gpu).map_err(|e| e.to_string())?;
+        self.ensure_daemon(&s)
+    }
+}
+
+/// The share an allocation names on GPU `s`: its id, the memory its client may pin (what it
+/// consumed, or less by its config) and its thread percentage (by its config, else proportional).
+fn share_of(
+    a: &AllocatedDevice,
+    s: &GpuState,
+    cfg: super::share_config::ShareConfig,
+) -> Result<MpsShare, (Reason, String)> {
+    let id = a.share_id.clone().ok_or((
+        Reason::UnknownDevice,
+        format!(
+            "device {} is shared but its allocation has no shareID (is the scheduler's DRAConsumableCapacity feature on?)",
+            a.device
+        ),
+    ))?;
+    let memory = *a.consumed.get("memory").ok_or((
+        Reason::UnknownDevice,
+        format!("device {}: the allocation's consumedCapacity has no memory", a.device),
+    ))?;
+    if memory == 0 || memory > s.info.memory_total_bytes {
+        return Err((
+            Reason::UnknownDevice,
+            format!(
+                "device {}: consumed memory {memory} bytes is outside the GPU's {} bytes",
+                a.device, s.info.memory_total_bytes
+            ),
+        ));
+    }
+    let limit = match cfg.pinned_memory_limit {
+        Some(l) if l > memory => {
+            return Err((
+                Reason::UnknownDevice,
+                format!(
+                    "device {}: opaque config pinned memory limit {l} bytes exceeds the {memory} bytes the share was allocated",
+                    a.device
+                ),
+            ))
+        }
+        Some(l) => l,
+        None => memory,
+    };
+    let pct = cfg.active_thread_percentage.unwrap_or_else(|| thread_percentage(memory, s.info.memory_total_bytes));
+    Ok(MpsShare { id, memory_bytes: limit, thread_percentage: pct })
 }
 
 fn overlaps(a: DeviceKind, b: DeviceKind) -> bool {
     match (a, b) {
         (DeviceKind::Mig { placement: x, .. }, DeviceKind::Mig { placement: y, .. }) => x.overlaps(y),
+        // Shares of one MPS daemon go together.
+        (DeviceKind::Mps, DeviceKind::Mps) => false,
         _ => true,
     }
 }
@@ -584,6 +826,7 @@ fn granted(uid: &str, e: &ClaimEntry) -> Vec<Granted> {
             pool: d.pool.clone(),
             device: d.device.clone(),
             cdi_ids: vec![cdi::device_id(uid, &d.device)],
+            share_id: d.share.as_ref().map(|s| s.id.clone()),
         })
         .collect()
 }

@@ -4,7 +4,8 @@
 //! the counters they consume; [`publish`] gives each its attributes and its group; [`slices`] lays
 //! them out in ResourceSlices within the API's limits; [`unavailable`] finds the devices only a
 //! device taint can refuse, and [`reservation`] the room held for a waiting claim. [`driver`] prepares and unprepares claims through the
-//! backend, with its [`checkpoint`] and [`cdi`] specs.
+//! backend, with its [`checkpoint`] and [`cdi`] specs; [`share_config`] reads a claim's settings
+//! for its MPS shares.
 
 pub mod cdi;
 pub mod checkpoint;
@@ -13,6 +14,7 @@ pub mod driver;
 pub mod order;
 pub mod publish;
 pub mod reservation;
+pub mod share_config;
 pub mod slices;
 pub mod unavailable;
 

@@ -18,7 +18,7 @@
 //! The candidates are then listed GPU by GPU (the GPU of the best candidate first, its placements
 //! in rank order), so a publication that is a moment stale still fills one GPU before the next.
 //! A media-extended profile (`+me`) comes after its plain twin. Whole GPUs come after every MIG
-//! device, GPUs with MIG mode off first.
+//! device, GPUs with MIG mode off first; MPS devices last, the GPU with the most shares first.
 
 use super::devices::{DeviceKind, DeviceRef};
 use crate::frag::expected_fragmentation;
@@ -38,8 +38,11 @@ pub struct GpuView {
     /// Occupied placements: every GPU instance (whoever made it) and every MIG device allocated
     /// to a claim but not yet created, as (profile id, placement).
     pub occupied: Vec<(u32, Placement)>,
-    /// The whole GPU is taken: allocated as a whole, or used by processes outside MIG.
+    /// The whole GPU is taken: allocated as a whole, or used by processes outside MIG (other
+    /// than the clients of its MPS shares).
     pub whole_taken: bool,
+    /// MPS shares of it allocated to claims.
+    pub mps_shares: u32,
 }
 
 impl GpuView {
@@ -50,7 +53,13 @@ impl GpuView {
 
     /// Whether nothing at all is on it.
     pub fn idle(&self) -> bool {
-        self.occupied.is_empty() && !self.whole_taken
+        self.occupied.is_empty() && !self.whole_taken && self.mps_shares == 0
+    }
+
+    /// Whether its MPS device can take another share now: a GPU without MIG that is not taken
+    /// whole.
+    pub fn shareable(&self) -> bool {
+        !self.mig_capable() && !self.whole_taken
     }
 
     fn occupancy(&self) -> Occupancy {
@@ -149,6 +158,10 @@ pub fn order(gpus: &[GpuView]) -> Vec<DeviceRef> {
     let mut whole: Vec<&GpuView> = gpus.iter().filter(|g| g.idle()).collect();
     whole.sort_by_key(|g| (g.mig_enabled, g.index));
     out.extend(whole.into_iter().map(|g| DeviceRef { gpu: g.index, kind: DeviceKind::Gpu }));
+    // MPS devices last, the GPU with the most shares first (packing: an idle GPU stays whole).
+    let mut shared: Vec<&GpuView> = gpus.iter().filter(|g| g.shareable()).collect();
+    shared.sort_by_key(|g| (Reverse(g.mps_shares), g.index));
+    out.extend(shared.into_iter().map(|g| DeviceRef { gpu: g.index, kind: DeviceKind::Mps }));
     out
 }
 

@@ -1,9 +1,15 @@
 //! What a node publishes for each device (pure): NVIDIA-compatible attributes, the `memory`
 //! capacity, and the counters it consumes from its GPU's counter set, so a claim written for
-//! NVIDIA's driver ports by changing the driver name.
+//! NVIDIA's driver ports by changing the driver name. A GPU without MIG is published twice: whole
+//! (`sharing: none`) and as its MPS device (`sharing: mps`), which allows multiple allocations and
+//! whose `memory` and `clients` each claim takes a share of. Both consume the GPU's whole counter
+//! set, so the scheduler hands the GPU out either way, never both at once.
 
-use super::devices::{consumption, gpu_counters, Capacities, DeviceKind, DeviceRef};
-use super::slices::{layout, Attribute, Consumption, CounterSet, Device, DeviceTaint, Quantity, Slice};
+use super::devices::{consumption, gpu_counters, whole_counters, Capacities, DeviceKind, DeviceRef};
+use super::slices::{
+    layout, Attribute, Capacity, Consumption, CounterSet, Device, DeviceTaint, Quantity, RequestPolicy, Slice,
+    ValidRange,
+};
 use crate::mig::{catalog, ProfileTable};
 use crate::observed::{GpuInfo, GpuState};
 use std::collections::{BTreeMap, HashMap};
@@ -15,10 +21,35 @@ pub struct PublishedGpu {
     pub info: GpuInfo,
     /// Its MIG profiles (empty without MIG).
     pub table: ProfileTable,
-    /// Its counter set's values ([`super::devices::gpu_counters`]; empty without MIG).
+    /// Its counter set's values ([`super::devices::gpu_counters`]; without MIG,
+    /// [`super::devices::whole_counters`]).
     pub counters: Capacities,
     /// The NVIDIA driver's version (`550.54.15`).
     pub driver_version: String,
+    /// How MPS shares of it are asked for (GPUs without MIG).
+    pub mps: MpsPolicy,
+}
+
+/// How an MPS device's shares are asked for: the memory a claim that names none takes, the
+/// granularity requests are rounded up to (`--dra-mps-default-memory`, `--dra-mps-memory-step`),
+/// and how many clients the GPU's MPS server takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MpsPolicy {
+    /// Bytes of memory a claim that names none takes.
+    pub default_memory: u64,
+    /// Memory requests are rounded up to a multiple of this (and at least this).
+    pub memory_step: u64,
+}
+
+/// Default `--dra-mps-default-memory`: 1 GiB.
+pub const DEFAULT_MPS_MEMORY: u64 = 1 << 30;
+/// Default `--dra-mps-memory-step`: 256 MiB.
+pub const DEFAULT_MPS_STEP: u64 = 256 << 20;
+
+impl Default for MpsPolicy {
+    fn default() -> Self {
+        Self { default_memory: DEFAULT_MPS_MEMORY, memory_step: DEFAULT_MPS_STEP }
+    }
 }
 
 /// The counter set of GPU `index`.
@@ -26,7 +57,7 @@ pub fn counter_set_name(index: u32) -> String {
     format!("gpu-{index}-counter-set")
 }
 
-/// The counter sets of the MIG-capable GPUs.
+/// The counter sets of the GPUs.
 pub fn counter_sets(gpus: &[PublishedGpu]) -> Vec<CounterSet> {
     gpus.iter()
         .filter(|g| !g.counters.is_empty())
@@ -84,9 +115,10 @@ pub fn device(gpu: &PublishedGpu, d: DeviceRef) -> Device {
     }
     attr("index", Attribute::int(i64::from(info.index)));
     let memory = match d.kind {
-        DeviceKind::Gpu => {
+        DeviceKind::Gpu | DeviceKind::Mps => {
             attr("type", Attribute::string("gpu"));
             attr("uuid", Attribute::string(&info.uuid));
+            attr("sharing", Attribute::string(if d.kind == DeviceKind::Mps { "mps" } else { "none" }));
             info.memory_total_bytes
         }
         DeviceKind::Mig { profile_id, placement } => {
@@ -108,19 +140,46 @@ pub fn device(gpu: &PublishedGpu, d: DeviceRef) -> Device {
             counters: c.into_iter().map(|(k, v)| (k, Quantity::of(v))).collect(),
         }]
     };
+    let mut capacity: std::collections::BTreeMap<String, Capacity> =
+        [("memory".to_string(), Capacity::of(memory))].into_iter().collect();
+    let mut allow_multiple_allocations = None;
+    if d.kind == DeviceKind::Mps {
+        let step = gpu.mps.memory_step.max(1);
+        let memory_policy = RequestPolicy {
+            default: Some(round_up(gpu.mps.default_memory, step).to_string()),
+            valid_range: Some(ValidRange { min: step.to_string(), max: None, step: Some(step.to_string()) }),
+            valid_values: Vec::new(),
+        };
+        capacity.insert("memory".into(), Capacity { value: memory.to_string(), request_policy: Some(memory_policy) });
+        let one_client = RequestPolicy { default: Some("1".into()), valid_range: None, valid_values: vec!["1".into()] };
+        capacity.insert(
+            "clients".into(),
+            Capacity { value: crate::mps::settings::max_clients(info).to_string(), request_policy: Some(one_client) },
+        );
+        allow_multiple_allocations = Some(true);
+    }
     Device {
         name: d.name(&gpu.table),
         attributes,
-        capacity: [("memory".to_string(), Quantity::of(memory))].into_iter().collect(),
+        capacity,
+        allow_multiple_allocations,
         consumes_counters,
         taints: Vec::new(),
     }
+}
+
+/// `v` rounded up to a multiple of `step` (at least `step`).
+pub fn round_up(v: u64, step: u64) -> u64 {
+    let step = step.max(1);
+    v.div_ceil(step).max(1) * step
 }
 
 /// The GPUs as published: static facts and counter sets, computed once per model.
 #[derive(Default)]
 pub struct Catalog {
     counters: HashMap<String, Capacities>,
+    /// How MPS shares are asked for.
+    pub mps: MpsPolicy,
 }
 
 impl Catalog {
@@ -132,13 +191,14 @@ impl Catalog {
                 let counters = if s.info.mig_capable && !s.profiles.profiles.is_empty() {
                     self.counters.entry(s.info.model.clone()).or_insert_with(|| gpu_counters(&s.profiles)).clone()
                 } else {
-                    Capacities::new()
+                    whole_counters(s.info.memory_total_bytes)
                 };
                 PublishedGpu {
                     info: s.info.clone(),
                     table: if s.info.mig_capable { s.profiles.clone() } else { ProfileTable::empty() },
                     counters,
                     driver_version: driver_version.to_string(),
+                    mps: self.mps,
                 }
             })
             .collect()
@@ -148,7 +208,8 @@ impl Catalog {
 /// The device groups of the pool, each listed in its own device slice(s) for good, in the order
 /// the scheduler visits them: one per MIG profile (by name: smallest first, a media-extended
 /// profile after its plain twin), holding that profile's every placement on every GPU that has
-/// it, then the whole GPUs. Each group's devices are in canonical order (GPU, placement).
+/// it, then the whole GPUs, then the MPS devices. Each group's devices are in canonical order
+/// (GPU, placement).
 pub fn groups(gpus: &[PublishedGpu]) -> Vec<(String, Vec<DeviceRef>)> {
     // (memory slices, compute slices, media-extended, name) → devices.
     type Key = (u32, u32, bool, String);
@@ -171,6 +232,14 @@ pub fn groups(gpus: &[PublishedGpu]) -> Vec<(String, Vec<DeviceRef>)> {
         })
         .collect();
     out.push(("gpu".into(), gpus.iter().map(|g| DeviceRef { gpu: g.info.index, kind: DeviceKind::Gpu }).collect()));
+    let mps: Vec<DeviceRef> = gpus
+        .iter()
+        .filter(|g| g.table.profiles.is_empty())
+        .map(|g| DeviceRef { gpu: g.info.index, kind: DeviceKind::Mps })
+        .collect();
+    if !mps.is_empty() {
+        out.push(("mps".into(), mps));
+    }
     out
 }
 

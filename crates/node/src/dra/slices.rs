@@ -50,6 +50,60 @@ impl Quantity {
     }
 }
 
+/// How a share of a device's capacity is asked for (`capacity.<name>.requestPolicy`), on a device
+/// that allows multiple allocations: what a request that names no amount takes, and the amounts
+/// a request is rounded up to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestPolicy {
+    /// Taken when a request names no amount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    /// The amounts allowed as a range (`min`, `max`, `step`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_range: Option<ValidRange>,
+    /// The amounts allowed, ascending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub valid_values: Vec<String>,
+}
+
+/// `requestPolicy.validRange`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidRange {
+    /// The least amount (requests below take it).
+    pub min: String,
+    /// The most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<String>,
+    /// Amounts are `min + k·step` (requests are rounded up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+/// One capacity of a device (`capacity.<name>`): its value and, on a shared device, how it is
+/// consumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capacity {
+    /// The total, as the API writes it.
+    pub value: String,
+    /// How shares of it are asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_policy: Option<RequestPolicy>,
+}
+
+impl Capacity {
+    /// A plain integer capacity.
+    pub fn of(v: u64) -> Self {
+        Self { value: v.to_string(), request_policy: None }
+    }
+
+    /// The integer it holds.
+    pub fn as_u64(&self) -> Option<u64> {
+        Quantity { value: self.value.clone() }.as_u64()
+    }
+}
+
 /// A device attribute: exactly one of the fields is set.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Attribute {
@@ -135,9 +189,12 @@ pub struct Device {
     /// Attributes (`type`, `profile`, …).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attributes: BTreeMap<String, Attribute>,
-    /// Capacities (`memory` in bytes).
+    /// Capacities (`memory` in bytes; an MPS device's `clients` too).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub capacity: BTreeMap<String, Quantity>,
+    pub capacity: BTreeMap<String, Capacity>,
+    /// Several claims may be allocated it, each consuming part of its capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_multiple_allocations: Option<bool>,
     /// The counters it consumes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub consumes_counters: Vec<Consumption>,

@@ -24,6 +24,7 @@ fn idle(model: &str, n: u32) -> Vec<GpuView> {
             mig_enabled: true,
             occupied: Vec::new(),
             whole_taken: false,
+            mps_shares: 0,
         })
         .collect()
 }
@@ -31,7 +32,7 @@ fn idle(model: &str, n: u32) -> Vec<GpuView> {
 fn mig(d: DeviceRef) -> Option<(u32, u32, Placement)> {
     match d.kind {
         DeviceKind::Mig { profile_id, placement } => Some((d.gpu, profile_id, placement)),
-        DeviceKind::Gpu => None,
+        DeviceKind::Gpu | DeviceKind::Mps => None,
     }
 }
 
@@ -118,20 +119,34 @@ fn busy_gpus_offer_nothing_that_overlaps_and_no_whole_gpu() {
             mig_enabled: true,
             occupied: vec![(three, Placement::new(4, 4))],
             whole_taken: false,
+            mps_shares: 0,
         },
-        GpuView { index: 1, table: t.clone(), mig_enabled: false, occupied: Vec::new(), whole_taken: true },
+        GpuView {
+            index: 1,
+            table: t.clone(),
+            mig_enabled: false,
+            occupied: Vec::new(),
+            whole_taken: true,
+            mps_shares: 0,
+        },
         GpuView {
             index: 2,
             table: ProfileTable::empty(),
             mig_enabled: false,
             occupied: Vec::new(),
             whole_taken: false,
+            mps_shares: 0,
         },
     ];
     let offered = order(&gpus);
     assert!(offered.iter().all(|d| d.gpu != 1), "a GPU taken whole offers nothing");
     assert!(!offered.contains(&DeviceRef { gpu: 0, kind: DeviceKind::Gpu }));
-    assert_eq!(offered.last(), Some(&DeviceRef { gpu: 2, kind: DeviceKind::Gpu }), "a GPU without MIG: whole, last");
+    let n = offered.len();
+    assert_eq!(
+        offered[n - 2..],
+        [DeviceRef { gpu: 2, kind: DeviceKind::Gpu }, DeviceRef { gpu: 2, kind: DeviceKind::Mps }],
+        "a GPU without MIG: whole, then its MPS device, last"
+    );
     for (g, _, pl) in offered.iter().filter_map(|d| mig(*d)) {
         assert!(g == 0 && !pl.overlaps(Placement::new(4, 4)), "{pl:?}");
     }
@@ -142,6 +157,7 @@ fn device(name: String) -> Device {
         name,
         attributes: BTreeMap::new(),
         capacity: BTreeMap::new(),
+        allow_multiple_allocations: None,
         consumes_counters: Vec::new(),
         taints: Vec::new(),
     }
@@ -378,6 +394,7 @@ proptest! {
             let g = &view[d.gpu as usize];
             match d.kind {
                 DeviceKind::Gpu => prop_assert!(g.occupied.is_empty()),
+                DeviceKind::Mps => prop_assert!(g.table.profiles.is_empty() && !g.whole_taken),
                 DeviceKind::Mig { profile_id, placement } => {
                     let occ = Occupancy::of(&g.table, g.occupied.iter().copied());
                     let p = g.table.by_id(profile_id).unwrap();
@@ -548,4 +565,29 @@ fn only_what_no_claim_holds_taints_the_devices_it_blocks() {
     let mut only_foreign = idle("A100-SXM4-80GB", 3);
     only_foreign[0].occupied = vec![foreign];
     assert!(unavailable(&only_foreign, &none).contains_key(&DeviceRef { gpu: 0, kind: DeviceKind::Gpu }));
+}
+
+/// GPUs without MIG: their MPS devices come last, the GPU with the most shares first; a GPU held
+/// whole offers no share, and a GPU with shares is neither offered whole nor left untainted whole.
+#[test]
+fn mps_shares_pack_onto_the_busiest_gpu_and_never_beside_a_whole_claim() {
+    let view = |index: u32, whole_taken: bool, mps_shares: u32| GpuView {
+        index,
+        table: crate::mig::ProfileTable::empty(),
+        mig_enabled: false,
+        occupied: Vec::new(),
+        whole_taken,
+        mps_shares,
+    };
+    let gpus = vec![view(0, false, 1), view(1, false, 3), view(2, true, 0), view(3, false, 0)];
+    let offered = order(&gpus);
+    let at = |d: DeviceRef| offered.iter().position(|x| *x == d);
+    let mps = |gpu| DeviceRef { gpu, kind: DeviceKind::Mps };
+    let whole = |gpu| DeviceRef { gpu, kind: DeviceKind::Gpu };
+    assert_eq!(offered, vec![whole(3), mps(1), mps(0), mps(3)], "idle GPUs whole first; shares on the busiest GPU");
+    assert_eq!(at(mps(2)), None, "a GPU held whole takes no share");
+    let taints = unavailable(&gpus, &gpus);
+    assert_eq!(taints.get(&whole(0)).map(String::as_str), Some(crate::dra::unavailable::SHARED));
+    assert_eq!(taints.get(&whole(1)).map(String::as_str), Some(crate::dra::unavailable::SHARED));
+    assert!(!taints.contains_key(&whole(3)) && !taints.contains_key(&mps(3)));
 }

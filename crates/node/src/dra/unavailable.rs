@@ -21,6 +21,7 @@ pub const OCCUPIED: &str = "occupied-outside-claims";
 fn creatable(g: &GpuView, occ: &Occupancy, d: DeviceRef) -> bool {
     match d.kind {
         DeviceKind::Gpu => g.idle(),
+        DeviceKind::Mps => g.shareable(),
         DeviceKind::Mig { profile_id, placement } => {
             let Some(p) = g.table.by_id(profile_id) else { return false };
             !g.whole_taken && occ.can_add(&g.table, p, placement)
@@ -28,8 +29,14 @@ fn creatable(g: &GpuView, occ: &Occupancy, d: DeviceRef) -> bool {
     }
 }
 
+/// Why a whole GPU with MPS shares is not offered: the counters say so from Kubernetes 1.36.2
+/// on; schedulers before it do not count a shared device's counters, and only this taint keeps
+/// them from handing the GPU out whole beside its shares.
+pub const SHARED: &str = "shared-through-mps";
+
 /// The devices that cannot be created given `everything` on the GPUs but could given only what
-/// the pool's claims hold (`claimed`, the same GPUs in the same order), with why.
+/// the pool's claims hold (`claimed`, the same GPUs in the same order), with why; and every whole
+/// GPU with MPS shares ([`SHARED`]).
 pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<DeviceRef, String> {
     let occupancy = |g: &GpuView| Occupancy::of(&g.table, g.occupied.iter().copied());
     let mut out = BTreeMap::new();
@@ -37,7 +44,9 @@ pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<Devi
         let Some(held) = claimed.iter().find(|g| g.index == all.index) else { continue };
         let (all_occ, held_occ) = (occupancy(all), occupancy(held));
         for d in every_device(all.index, &all.table) {
-            if !creatable(all, &all_occ, d) && creatable(held, &held_occ, d) {
+            if d.kind == DeviceKind::Gpu && (all.mps_shares > 0 || held.mps_shares > 0) {
+                out.insert(d, SHARED.to_string());
+            } else if !creatable(all, &all_occ, d) && creatable(held, &held_occ, d) {
                 out.insert(d, OCCUPIED.to_string());
             }
         }
