@@ -695,6 +695,61 @@ fn latencies_through_the_binary(model: &str, delay_ms: u32) {
     );
 }
 
+/// MPS shares through the real binary: `gpupart agent --dra` on the fake libnvidia-ml with GPUs
+/// without MIG, the fake MPS control program, the fake kubelet over gRPC and the allocator
+/// stand-in with consumable capacity. Each round prepares four 1 GiB shares on one GPU (the first
+/// starts the GPU's MPS daemon) and unprepares them (the last stops it).
+fn mps_latencies_through_the_binary(model: &str) {
+    let built = |f: &str| {
+        std::env::current_exe().ok().and_then(|e| e.parent()?.parent().map(|d| d.join(f).exists())).unwrap_or(false)
+    };
+    let fakes = (built("libfake_nvml.so") || built("deps/libfake_nvml.so")) && built("fake-nvidia-cuda-mps-control");
+    if !fakes {
+        println!("{model:<16} (skipped: build the fakes first: `cargo build --release -p fake-nvml -p fake-mps`)");
+        return;
+    }
+    let rig = DraRig::start(&format!("{model}:1"));
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the MPS device", |s| s.iter().flat_map(|(_, x)| &x.devices).any(|d| d.name == "gpu-0-mps"));
+    let (mut first, mut next, mut unprepare, mut last) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..10 {
+        let names: Vec<String> = (0..4).map(|i| format!("share-{round}-{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            rig.mps_claim(name, "1Gi");
+            rig.schedule(name).expect("the stand-in allocates the share");
+            let t = Instant::now();
+            rig.prepare(name).expect("prepared");
+            if i == 0 {
+                first.push(t.elapsed())
+            } else {
+                next.push(t.elapsed())
+            }
+        }
+        for (i, name) in names.iter().enumerate() {
+            let t = Instant::now();
+            let err = rig.unprepare(name);
+            assert!(err.is_empty(), "unprepare {name}: {err}");
+            if i == names.len() - 1 {
+                last.push(t.elapsed())
+            } else {
+                unprepare.push(t.elapsed())
+            }
+            rig.delete_claim(name);
+        }
+    }
+    println!(
+        "{model:<16} first share (starts the daemon) p50 {:>5.0} ms p99 {:>5.0} ms   next shares p50 {:>5.0} ms p99 {:>5.0} ms   unprepare p50 {:>5.0} ms p99 {:>5.0} ms   last (stops it) p50 {:>5.0} ms p99 {:>5.0} ms",
+        percentile(&mut first, 0.5),
+        percentile(&mut first, 0.99),
+        percentile(&mut next, 0.5),
+        percentile(&mut next, 0.99),
+        percentile(&mut unprepare, 0.5),
+        percentile(&mut unprepare, 0.99),
+        percentile(&mut last, 0.5),
+        percentile(&mut last, 0.99),
+    );
+}
+
 /// The `p` quantile of `v`, in milliseconds.
 fn percentile(v: &mut [Duration], p: f64) -> f64 {
     v.sort();
@@ -794,7 +849,19 @@ fn runs(model: &str, seed: u64, load: f64, wscale: f64) -> [Tally; 5] {
 
 fn main() {
     // `cargo bench --bench dra -- traces`: the trace tables only.
+    // `cargo bench --bench dra -- mps`: the MPS share latencies only.
+    if std::env::args().any(|a| a == "mps") {
+        for model in ["T4-16GB", "V100-SXM2-16GB"] {
+            mps_latencies_through_the_binary(model);
+        }
+        return;
+    }
     if !std::env::args().any(|a| a == "traces") {
+        println!("MPS shares through the binary on one GPU without MIG (10 rounds of four 1 GiB shares, the fake MPS control program):");
+        for model in ["T4-16GB", "V100-SXM2-16GB"] {
+            mps_latencies_through_the_binary(model);
+        }
+        println!();
         println!("Latency through the binary on one node of {GPUS} GPUs (40 one-instance claims, the fake libnvidia-ml, gRPC from the fake kubelet):");
         for model in ["A100-SXM4-80GB", "H100-SXM5-80GB"] {
             latencies_through_the_binary(model, 50);

@@ -1,6 +1,6 @@
 //! The DRA plugin's metrics (docs/metrics.md): prepared claims, Prepare and Unprepare latency,
 //! failures by reason, published devices and republishes, and per GPU its MPS shares, the memory
-//! they hold and whether their daemon answers.
+//! they hold and whether their daemon runs.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -30,7 +30,7 @@ pub struct GpuShares {
     pub shares: u32,
     /// Device memory their clients may pin, bytes.
     pub memory_bytes: u64,
-    /// Whether the GPU's MPS daemon answers.
+    /// Whether the GPU's MPS daemon runs (its pid is alive, or it was just started again).
     pub daemon_up: bool,
 }
 
@@ -65,8 +65,11 @@ impl DraMetrics {
         let mps_shares = gauges(r, "dra_mps_shares", "MPS shares prepared on each GPU");
         let mps_memory =
             gauges(r, "dra_mps_memory_bytes", "Device memory the MPS shares of each GPU may pin, in bytes");
-        let mps_daemon_up =
-            gauges(r, "dra_mps_daemon_up", "1 when the MPS daemon serving a GPU's shares answers, else 0");
+        let mps_daemon_up = gauges(
+            r,
+            "dra_mps_daemon_up",
+            "1 while the MPS daemon serving a GPU's shares runs, else 0 (it is started again)",
+        );
         Self { prepared, published, republishes, latency, failures, mps_shares, mps_memory, mps_daemon_up }
     }
 

@@ -537,7 +537,11 @@ impl Driver {
                     self.record(uid, i, |p| p.uuid = uuid);
                 }
                 DeviceKind::Mps => {
-                    self.ensure_daemon(&current).map_err(|m| (Reason::Mps, format!("{what}: {m}")))?;
+                    // Beside other shares the daemon was checked when they were prepared and is
+                    // watched since: a live pid is enough; the first share checks it answers.
+                    if !(self.shares_on(d.gpu, uid) > 0 && self.daemon_alive(&s.info.uuid)) {
+                        self.ensure_daemon(&current).map_err(|m| (Reason::Mps, format!("{what}: {m}")))?;
+                    }
                     self.record(uid, i, |p| p.uuid = Some(s.info.uuid.clone()));
                 }
             }
@@ -754,10 +758,19 @@ impl Driver {
         out
     }
 
-    /// GPU `gpu`'s MPS daemon again, if shares are prepared there and it is not up; whether it
-    /// started one (supervision).
+    /// Whether the MPS daemon of the GPU `uuid` has a live pid.
+    fn daemon_alive(&self, uuid: &str) -> bool {
+        self.mps.as_ref().is_some_and(|m| m.paths(uuid).read_pid().is_some_and(crate::mps::process::alive))
+    }
+
+    /// GPU `gpu`'s MPS daemon again, if shares are prepared there and its pid is gone; whether it
+    /// started one (supervision, every publication: a pid check, the full check only to start).
     pub fn revive_daemon(&self, backend: &dyn GpuBackend, gpu: u32) -> Result<bool, String> {
         if self.shares_on(gpu, "") == 0 {
+            return Ok(false);
+        }
+        let uuid = self.checkpoint.devices().find(|(_, d)| d.gpu == gpu).map(|(_, d)| d.gpu_uuid.clone());
+        if uuid.is_some_and(|u| self.daemon_alive(&u)) {
             return Ok(false);
         }
         let s = backend.observe(gpu).map_err(|e| e.to_string())?;
