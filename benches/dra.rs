@@ -188,6 +188,7 @@ impl Node {
                 occupied: Vec::new(),
                 whole_taken: false,
                 mps_shares: 0,
+                mps_device: false,
             })
             .collect();
         Self {

@@ -671,6 +671,10 @@ pub struct AgentArgs {
     /// MPS shares' memory requests are rounded up to a multiple of this (and take at least it).
     #[arg(long, value_name = "BYTES", default_value = "256Mi", value_parser = bytes)]
     pub dra_mps_memory_step: u64,
+    /// Publish an MPS device for MIG-capable GPUs too: shared while no MIG device is allocated
+    /// there (the first share turns MIG mode off, the last turns it on again).
+    #[arg(long)]
+    pub dra_mps_on_mig_gpus: bool,
 }
 
 /// A byte quantity as Kubernetes writes it (`1Gi`, `256Mi`, `1073741824`).
@@ -707,6 +711,7 @@ impl AgentArgs {
                 default_memory: self.dra_mps_default_memory,
                 memory_step: self.dra_mps_memory_step,
             },
+            mps_on_mig: self.dra_mps_on_mig_gpus,
         }
     }
 }

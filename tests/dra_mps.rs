@@ -241,3 +241,34 @@ fn the_last_share_waits_for_its_clients_and_a_restart_or_a_dead_daemon_loses_no_
     assert_eq!(rig.unprepare("b"), "");
     wait("the daemon stopped", || daemons(&rig) == 0);
 }
+
+#[test]
+fn a_mig_gpu_is_shared_through_mps_only_when_asked_and_only_while_no_mig_device_is_allocated() {
+    // Without the flag: MIG-capable GPUs have no MPS device.
+    let plain = DraRig::start("A100-SXM4-80GB:1");
+    plain.kubelet.wait_registered(1);
+    let slices = plain.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    assert!(!slices.iter().flat_map(|(_, s)| &s.devices).any(|d| d.name == "gpu-0-mps"));
+    drop(plain);
+
+    let rig = DraRig::start_with("A100-SXM4-80GB:1", &["--dra-mps-on-mig-gpus"], &[]);
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the MPS device", |s| s.iter().flat_map(|(_, x)| &x.devices).any(|d| d.name == "gpu-0-mps"));
+    assert!(rig.node.load().gpus[0].mig_mode.current, "MIG mode on while idle");
+    rig.mps_claim("share", "8Gi");
+    rig.schedule("share").expect("an idle MIG GPU takes a share");
+    rig.prepare("share").unwrap_or_else(|e| panic!("{e}\n{}", rig.stderr()));
+    assert!(!rig.node.load().gpus[0].mig_mode.current, "the first share turned MIG mode off");
+    assert_eq!(daemons(&rig), 1);
+    // While shared, the counters refuse every MIG device of the GPU.
+    rig.mig_claim("small", "1g.10gb");
+    assert!(rig.schedule("small").is_err(), "no MIG device beside MPS shares");
+    assert_eq!(rig.unprepare("share"), "");
+    rig.delete_claim("share");
+    wait("the daemon stopped", || daemons(&rig) == 0);
+    assert!(rig.node.load().gpus[0].mig_mode.current, "the last share turned MIG mode on again");
+    rig.schedule("small").expect("MIG devices again once the shares are gone");
+    rig.prepare("small").expect("prepared");
+    rig.mps_claim("late", "1Gi");
+    assert!(rig.schedule("late").is_err(), "no share beside a MIG device");
+}

@@ -69,6 +69,8 @@ pub struct DraOptions {
     pub annotation_min_interval: Duration,
     /// How MPS shares are asked for.
     pub mps_policy: gpupart_node::dra::publish::MpsPolicy,
+    /// MIG-capable GPUs have an MPS device too.
+    pub mps_on_mig: bool,
 }
 
 /// Runs the DRA plugin until SIGTERM or SIGINT.
@@ -88,8 +90,10 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         mig_minors: a.nvidia_caps_minors.clone(),
         state_dir: a.dra_state_dir.clone(),
     };
-    let mut driver =
-        Driver::open(cfg).context("reading the DRA checkpoint")?.with_mps(gpupart_node::mps::Mps::from_args(g));
+    let mut driver = Driver::open(cfg)
+        .context("reading the DRA checkpoint")?
+        .with_mps(gpupart_node::mps::Mps::from_args(g))
+        .sharing_mig_gpus(a.mps_on_mig);
     let report = driver.start(backend.as_ref()).map_err(anyhow::Error::msg)?;
     tracing::info!(
         adopted = report.adopted,
@@ -113,6 +117,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         let mut publisher =
             publisher::Publisher::start(client.clone(), &a.driver_name, &node, backend.as_ref()).await?;
         publisher.catalog.mps = a.mps_policy;
+        publisher.catalog.mps_on_mig = a.mps_on_mig;
         let (node_changed, mut node_changes) = tokio::sync::mpsc::channel::<()>(8);
         let keys = vec![gpupart_node::dra::reservation::ANNOTATION.to_string()];
         let node_view = crate::kube::NodeWatch::spawn(client.clone(), &node, keys, node_changed);

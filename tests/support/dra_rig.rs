@@ -256,13 +256,16 @@ impl DraRig {
                     }
                 }
                 let whole = allocated.iter().any(|a| a.gpu == g.index && a.kind == DeviceKind::Gpu);
+                let table = tables.get(&g.index).cloned().unwrap_or_else(gpupart::mig::ProfileTable::empty);
+                let shares = allocated.iter().filter(|a| a.gpu == g.index && a.kind == DeviceKind::Mps).count() as u32;
                 GpuView {
                     index: g.index,
-                    table: tables.get(&g.index).cloned().unwrap_or_else(gpupart::mig::ProfileTable::empty),
+                    mps_device: table.profiles.is_empty(),
+                    table,
                     mig_enabled: g.mig_mode.current,
                     occupied,
-                    whole_taken: whole || (!g.mig_mode.current && !g.processes.is_empty()),
-                    mps_shares: 0,
+                    whole_taken: whole || (!g.mig_mode.current && !g.processes.is_empty() && shares == 0),
+                    mps_shares: shares,
                 }
             })
             .collect();

@@ -194,6 +194,7 @@ fn view(g: &Gpu, gone: &BTreeSet<&str>) -> GpuView {
             .collect(),
         whole_taken: kept().any(|h| h.kind == DeviceKind::Gpu),
         mps_shares: kept().filter(|h| h.kind == DeviceKind::Mps).count() as u32,
+        mps_device: g.table.profiles.is_empty(),
     }
 }
 

@@ -153,6 +153,8 @@ pub struct Driver {
     cfg: DriverConfig,
     checkpoint: Checkpoint,
     mps: Option<crate::mps::Mps>,
+    /// MIG-capable GPUs have an MPS device too (`--dra-mps-on-mig-gpus`).
+    mps_on_mig: bool,
 }
 
 impl std::fmt::Debug for Driver {
@@ -189,7 +191,19 @@ impl Driver {
     /// Loads the checkpoint from the state directory.
     pub fn open(cfg: DriverConfig) -> Result<Self, CheckpointError> {
         let checkpoint = Checkpoint::load(&cfg.state_dir.join("checkpoint.json"))?;
-        Ok(Self { cfg, checkpoint, mps: None })
+        Ok(Self { cfg, checkpoint, mps: None, mps_on_mig: false })
+    }
+
+    /// Gives MIG-capable GPUs an MPS device too: shared while idle with MIG off, the first share
+    /// turns MIG off, the last turns it on again (`--dra-mps-on-mig-gpus`).
+    pub fn sharing_mig_gpus(mut self, on: bool) -> Self {
+        self.mps_on_mig = on;
+        self
+    }
+
+    /// Whether GPU `s` has an MPS device.
+    pub fn has_mps_device(&self, s: &GpuState) -> bool {
+        !s.info.mig_capable || s.profiles.profiles.is_empty() || self.mps_on_mig
     }
 
     /// Serves MPS shares through `mps` (without it, a share's Prepare fails saying so).
@@ -232,19 +246,19 @@ impl Driver {
     /// holds it or processes run on it outside MIG.
     pub fn views(&self, states: &[GpuState], pending: &[DeviceRef]) -> Vec<GpuView> {
         let held: Vec<DeviceRef> = self.prepared_devices().into_iter().chain(pending.iter().copied()).collect();
-        Self::views_of(states, &held, true)
+        self.views_of(states, &held, true)
     }
 
     /// The GPUs with only the `claimed` devices on them (what the scheduler's counters account:
     /// the devices of the claims allocated from the pool): no other instance, no processes
     /// outside MIG.
     pub fn claimed_views(&self, states: &[GpuState], claimed: &[DeviceRef]) -> Vec<GpuView> {
-        Self::views_of(states, claimed, false)
+        self.views_of(states, claimed, false)
     }
 
     /// The GPUs with `held` devices occupying their placements, and (`everything`) every
     /// instance and the processes outside MIG too.
-    fn views_of(states: &[GpuState], held: &[DeviceRef], everything: bool) -> Vec<GpuView> {
+    fn views_of(&self, states: &[GpuState], held: &[DeviceRef], everything: bool) -> Vec<GpuView> {
         states
             .iter()
             .map(|s| {
@@ -268,6 +282,7 @@ impl Driver {
                 let table = if s.info.mig_capable { s.profiles.clone() } else { ProfileTable::empty() };
                 GpuView {
                     index,
+                    mps_device: self.has_mps_device(s),
                     table,
                     mig_enabled: s.mig_mode.current,
                     occupied,
@@ -429,8 +444,11 @@ impl Driver {
                 }
             }
             DeviceKind::Mps => {
-                if s.mig_mode.current {
-                    return Err("MIG mode is on".into());
+                if !self.has_mps_device(s) {
+                    return Err("the GPU is shared through MIG here (no --dra-mps-on-mig-gpus)".into());
+                }
+                if !s.instances.is_empty() {
+                    return Err(format!("the GPU holds {} MIG instance(s)", s.instances.len()));
                 }
             }
         }
@@ -539,6 +557,9 @@ impl Driver {
                 DeviceKind::Mps => {
                     // Beside other shares the daemon was checked when they were prepared and is
                     // watched since: a live pid is enough; the first share checks it answers.
+                    if s.info.mig_capable && current.mig_mode.current {
+                        mode(false)?;
+                    }
                     if !(self.shares_on(d.gpu, uid) > 0 && self.daemon_alive(&s.info.uuid)) {
                         self.ensure_daemon(&current).map_err(|m| (Reason::Mps, format!("{what}: {m}")))?;
                     }
@@ -584,6 +605,7 @@ impl Driver {
                 DeviceKind::Mps => {
                     if self.shares_on(d.gpu, uid) == 0 {
                         self.stop_daemon(&s);
+                        return_to_mig(backend, &s);
                     }
                 }
             }
@@ -646,6 +668,10 @@ impl Driver {
                 DeviceKind::Mps => {
                     if self.shares_on(d.gpu, uid) == 0 {
                         self.stop_daemon(s);
+                        // Read again: the daemon's processes are gone now.
+                        if let Ok(fresh) = backend.observe(s.info.index) {
+                            return_to_mig(backend, &fresh);
+                        }
                     }
                 }
             }

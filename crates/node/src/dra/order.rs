@@ -43,6 +43,8 @@ pub struct GpuView {
     pub whole_taken: bool,
     /// MPS shares of it allocated to claims.
     pub mps_shares: u32,
+    /// It has an MPS device (a GPU without MIG; a MIG-capable one with `--dra-mps-on-mig-gpus`).
+    pub mps_device: bool,
 }
 
 impl GpuView {
@@ -56,10 +58,11 @@ impl GpuView {
         self.occupied.is_empty() && !self.whole_taken && self.mps_shares == 0
     }
 
-    /// Whether its MPS device can take another share now: a GPU without MIG that is not taken
-    /// whole.
+    /// Whether its MPS device can take another share now: it has one, it is not taken whole,
+    /// and it holds no MIG instance (a MIG-capable GPU with MIG mode on takes its first share
+    /// only when idle: Prepare turns MIG off then).
     pub fn shareable(&self) -> bool {
-        !self.mig_capable() && !self.whole_taken
+        self.mps_device && !self.whole_taken && self.occupied.is_empty()
     }
 
     fn occupancy(&self) -> Occupancy {

@@ -26,8 +26,10 @@ pub struct PublishedGpu {
     pub counters: Capacities,
     /// The NVIDIA driver's version (`550.54.15`).
     pub driver_version: String,
-    /// How MPS shares of it are asked for (GPUs without MIG).
+    /// How MPS shares of it are asked for.
     pub mps: MpsPolicy,
+    /// It has an MPS device (a GPU without MIG; a MIG-capable one with `--dra-mps-on-mig-gpus`).
+    pub mps_device: bool,
 }
 
 /// How an MPS device's shares are asked for: the memory a claim that names none takes, the
@@ -180,6 +182,8 @@ pub struct Catalog {
     counters: HashMap<String, Capacities>,
     /// How MPS shares are asked for.
     pub mps: MpsPolicy,
+    /// MIG-capable GPUs have an MPS device too (`--dra-mps-on-mig-gpus`).
+    pub mps_on_mig: bool,
 }
 
 impl Catalog {
@@ -199,6 +203,7 @@ impl Catalog {
                     counters,
                     driver_version: driver_version.to_string(),
                     mps: self.mps,
+                    mps_device: !s.info.mig_capable || s.profiles.profiles.is_empty() || self.mps_on_mig,
                 }
             })
             .collect()
@@ -232,11 +237,8 @@ pub fn groups(gpus: &[PublishedGpu]) -> Vec<(String, Vec<DeviceRef>)> {
         })
         .collect();
     out.push(("gpu".into(), gpus.iter().map(|g| DeviceRef { gpu: g.info.index, kind: DeviceKind::Gpu }).collect()));
-    let mps: Vec<DeviceRef> = gpus
-        .iter()
-        .filter(|g| g.table.profiles.is_empty())
-        .map(|g| DeviceRef { gpu: g.info.index, kind: DeviceKind::Mps })
-        .collect();
+    let mps: Vec<DeviceRef> =
+        gpus.iter().filter(|g| g.mps_device).map(|g| DeviceRef { gpu: g.info.index, kind: DeviceKind::Mps }).collect();
     if !mps.is_empty() {
         out.push(("mps".into(), mps));
     }

@@ -25,6 +25,7 @@ fn idle(model: &str, n: u32) -> Vec<GpuView> {
             occupied: Vec::new(),
             whole_taken: false,
             mps_shares: 0,
+            mps_device: false,
         })
         .collect()
 }
@@ -120,6 +121,7 @@ fn busy_gpus_offer_nothing_that_overlaps_and_no_whole_gpu() {
             occupied: vec![(three, Placement::new(4, 4))],
             whole_taken: false,
             mps_shares: 0,
+            mps_device: false,
         },
         GpuView {
             index: 1,
@@ -128,6 +130,7 @@ fn busy_gpus_offer_nothing_that_overlaps_and_no_whole_gpu() {
             occupied: Vec::new(),
             whole_taken: true,
             mps_shares: 0,
+            mps_device: false,
         },
         GpuView {
             index: 2,
@@ -136,6 +139,7 @@ fn busy_gpus_offer_nothing_that_overlaps_and_no_whole_gpu() {
             occupied: Vec::new(),
             whole_taken: false,
             mps_shares: 0,
+            mps_device: true,
         },
     ];
     let offered = order(&gpus);
@@ -578,6 +582,7 @@ fn mps_shares_pack_onto_the_busiest_gpu_and_never_beside_a_whole_claim() {
         occupied: Vec::new(),
         whole_taken,
         mps_shares,
+        mps_device: true,
     };
     let gpus = vec![view(0, false, 1), view(1, false, 3), view(2, true, 0), view(3, false, 0)];
     let offered = order(&gpus);

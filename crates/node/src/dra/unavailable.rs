@@ -43,7 +43,11 @@ pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<Devi
     for all in everything {
         let Some(held) = claimed.iter().find(|g| g.index == all.index) else { continue };
         let (all_occ, held_occ) = (occupancy(all), occupancy(held));
-        for d in every_device(all.index, &all.table) {
+        let mut devices = every_device(all.index, &all.table);
+        if all.mps_device && !all.table.profiles.is_empty() {
+            devices.push(DeviceRef { gpu: all.index, kind: DeviceKind::Mps });
+        }
+        for d in devices {
             if d.kind == DeviceKind::Gpu && (all.mps_shares > 0 || held.mps_shares > 0) {
                 out.insert(d, SHARED.to_string());
             } else if !creatable(all, &all_occ, d) && creatable(held, &held_occ, d) {
