@@ -179,6 +179,11 @@ fn want_of(class: &DeviceClass, own: &[String], count: i64, driver: &str) -> Res
             Err(format!("asks for {count} MIG devices of {p}; only one is planned for"))
         };
     }
+    if exprs.iter().find_map(|e| compared(e, "sharing")).as_deref() == Some("mps") {
+        return Err(format!(
+            "DeviceClass {class_name} asks for an MPS share; only MIG devices and whole GPUs are planned for"
+        ));
+    }
     match exprs.iter().find_map(|e| compared(e, "type")).as_deref() {
         Some("gpu") => u32::try_from(count).map(Want::Whole).map_err(|_| format!("asks for {count} GPUs")),
         _ => Err(format!("DeviceClass {class_name} names neither a MIG profile nor whole GPUs")),

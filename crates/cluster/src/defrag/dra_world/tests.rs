@@ -58,6 +58,7 @@ fn classes() -> Vec<DeviceClass> {
             Some("nvidia.com/mig-3g.40gb"),
         ),
         class("other", "gpu", "", None),
+        class("mps.gpupart.io", "gpu", " && device.attributes['gpu.gpupart.io'].sharing == 'mps'", None),
     ]
     .into_iter()
     .map(|mut c| {
@@ -128,7 +129,8 @@ fn a_waiting_pod_asks_what_its_unallocated_claim_or_its_extended_resource_names(
         json!({"name": "gpu", "exactly": {"deviceClassName": "gpu.gpupart.io"}}),
     );
     let strange = claim("odd", None, None, json!({"name": "gpu", "exactly": {"deviceClassName": "other"}}));
-    let all = [seven, whole, done, strange];
+    let share = claim("share", None, None, json!({"name": "gpu", "exactly": {"deviceClassName": "mps.gpupart.io"}}));
+    let all = [seven, whole, done, strange, share];
     let claims: BTreeMap<(String, String), &ResourceClaim> =
         all.iter().map(|c| (("ml".to_string(), c.metadata.name.clone().unwrap_or_default()), c)).collect();
     // From the template, as the claim controller named it in the pod's status.
@@ -142,6 +144,9 @@ fn a_waiting_pod_asks_what_its_unallocated_claim_or_its_extended_resource_names(
     let pod = waiting_pod(json!([{"name": "gpu", "resourceClaimName": "odd"}]), json!({}));
     let e = want(&pod, &claims, &by_class, DRIVER).expect_err("not ours");
     assert!(e.contains("claim ml/odd") && e.contains("DeviceClass other"), "{e}");
+    let pod = waiting_pod(json!([{"name": "gpu", "resourceClaimName": "share"}]), json!({}));
+    let e = want(&pod, &claims, &by_class, DRIVER).expect_err("an MPS share is not a whole GPU");
+    assert!(e.contains("MPS share"), "{e}");
     let pod = waiting_pod(json!([]), json!({"nvidia.com/mig-3g.40gb": "1"}));
     assert_eq!(want(&pod, &claims, &by_class, DRIVER), Ok(Some(Want::Mig("3g.40gb".into()))), "a classic request");
     let pod = waiting_pod(json!([]), json!({"cpu": "1"}));
