@@ -642,16 +642,20 @@ fn move_all(model: &str, asks: &[Ask], events: &[Event]) -> Tally {
     t
 }
 
+/// Whether the fake libnvidia-ml and the fake MPS control program are built beside the bench.
+fn fakes_built() -> bool {
+    let built = |f: &str| {
+        std::env::current_exe().ok().and_then(|e| e.parent()?.parent().map(|d| d.join(f).exists())).unwrap_or(false)
+    };
+    (built("libfake_nvml.so") || built("deps/libfake_nvml.so")) && built("fake-nvidia-cuda-mps-control")
+}
+
 /// Prepare and Unprepare latency through the real binary: `gpupart agent --dra` on the fake
 /// libnvidia-ml with `delay_ms` per NVML change, the fake kubelet calling it over its socket and
 /// the scheduler stand-in allocating from its slices; and from an allocation (the claim's status
 /// written) to the publication that lists the device as taken.
 fn latencies_through_the_binary(model: &str, delay_ms: u32) {
-    let built = |f: &str| {
-        std::env::current_exe().ok().and_then(|e| e.parent()?.parent().map(|d| d.join(f).exists())).unwrap_or(false)
-    };
-    let fakes = (built("libfake_nvml.so") || built("deps/libfake_nvml.so")) && built("fake-nvidia-cuda-mps-control");
-    if !fakes {
+    if !fakes_built() {
         println!("{model:<16} (skipped: build the fakes first: `cargo build --release -p fake-nvml -p fake-mps`)");
         return;
     }
@@ -701,11 +705,7 @@ fn latencies_through_the_binary(model: &str, delay_ms: u32) {
 /// stand-in with consumable capacity. Each round prepares four 1 GiB shares on one GPU (the first
 /// starts the GPU's MPS daemon) and unprepares them (the last stops it).
 fn mps_latencies_through_the_binary(model: &str) {
-    let built = |f: &str| {
-        std::env::current_exe().ok().and_then(|e| e.parent()?.parent().map(|d| d.join(f).exists())).unwrap_or(false)
-    };
-    let fakes = (built("libfake_nvml.so") || built("deps/libfake_nvml.so")) && built("fake-nvidia-cuda-mps-control");
-    if !fakes {
+    if !fakes_built() {
         println!("{model:<16} (skipped: build the fakes first: `cargo build --release -p fake-nvml -p fake-mps`)");
         return;
     }
