@@ -8,6 +8,7 @@
 
 mod ci;
 mod device;
+mod event;
 mod gi;
 mod inventory;
 mod migdev;

@@ -14,7 +14,7 @@ pub mod store;
 
 pub use ops::{NvmlCode, SimError};
 pub use spec::{parse_spec, SpecError};
-pub use state::{ComputeMode, MigModeState, SimCi, SimGi, SimGpu, SimProcess, SimState};
+pub use state::{ComputeMode, MigModeState, SimCi, SimEvent, SimGi, SimGpu, SimProcess, SimState};
 
 #[cfg(test)]
 mod tests;

@@ -96,7 +96,7 @@ impl SimState {
                 });
             }
         }
-        Self { version: STATE_VERSION, serial: 0, gpus }
+        Self { version: STATE_VERSION, serial: 0, gpus, events: Vec::new() }
     }
 
     /// Checks the invariants a loaded state file must satisfy (known models, indices in order,

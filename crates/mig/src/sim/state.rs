@@ -18,6 +18,53 @@ pub struct SimState {
     pub serial: u64,
     /// The GPUs, in NVML index order.
     pub gpus: Vec<SimGpu>,
+    /// Events injected for NVML's event API (`nvmlEventSetWait`), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<SimEvent>,
+}
+
+/// `nvmlEventTypeSingleBitEccError`.
+pub const EVENT_SINGLE_BIT_ECC: u64 = 0x1;
+/// `nvmlEventTypeDoubleBitEccError`.
+pub const EVENT_DOUBLE_BIT_ECC: u64 = 0x2;
+/// `nvmlEventTypeXidCriticalError`.
+pub const EVENT_XID: u64 = 0x8;
+
+/// One NVML event, as `nvmlEventSetWait` hands it out (`nvmlEventData_t`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimEvent {
+    /// Injection order: a waiter returns the events after the last it returned.
+    pub seq: u64,
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// The event type bit (`EVENT_XID`, `EVENT_DOUBLE_BIT_ECC`, `EVENT_SINGLE_BIT_ECC`).
+    pub event_type: u64,
+    /// `eventData`: the XID number of an XID event.
+    #[serde(default)]
+    pub data: u64,
+    /// The GPU instance the event is about (MIG), else none (`0xFFFFFFFF` in the ABI).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance_id: Option<u32>,
+    /// The compute instance it is about (MIG), else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_instance_id: Option<u32>,
+}
+
+impl SimState {
+    /// Appends an event for GPU `gpu` (optionally one MIG instance); returns its `seq`.
+    pub fn inject_event(&mut self, gpu: u32, event_type: u64, data: u64, instance: Option<(u32, u32)>) -> u64 {
+        let seq = self.events.last().map_or(1, |e| e.seq + 1);
+        self.events.push(SimEvent {
+            seq,
+            gpu,
+            event_type,
+            data,
+            gpu_instance_id: instance.map(|i| i.0),
+            compute_instance_id: instance.map(|i| i.1),
+        });
+        seq
+    }
 }
 
 /// MIG mode as NVML reports it.
