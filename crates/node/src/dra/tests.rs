@@ -595,4 +595,13 @@ fn mps_shares_pack_onto_the_busiest_gpu_and_never_beside_a_whole_claim() {
     assert_eq!(taints.get(&whole(0)).map(String::as_str), Some(crate::dra::unavailable::SHARED));
     assert_eq!(taints.get(&whole(1)).map(String::as_str), Some(crate::dra::unavailable::SHARED));
     assert!(!taints.contains_key(&whole(3)) && !taints.contains_key(&mps(3)));
+    // A MIG GPU shared through MPS (--dra-mps-on-mig-gpus): its MIG devices are tainted too, for
+    // schedulers that do not count a shared device's counters; its MPS device is not.
+    let mig_shared = GpuView { table: table("A100-SXM4-80GB"), mps_shares: 2, ..view(4, false, 0) };
+    let taints = unavailable(std::slice::from_ref(&mig_shared), std::slice::from_ref(&mig_shared));
+    assert!(taints
+        .iter()
+        .any(|(d, why)| matches!(d.kind, DeviceKind::Mig { .. }) && why == crate::dra::unavailable::SHARED));
+    assert!(taints.keys().filter(|d| matches!(d.kind, DeviceKind::Mig { .. })).count() >= 18);
+    assert!(!taints.contains_key(&mps(4)));
 }

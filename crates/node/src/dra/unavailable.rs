@@ -29,14 +29,14 @@ fn creatable(g: &GpuView, occ: &Occupancy, d: DeviceRef) -> bool {
     }
 }
 
-/// Why a whole GPU with MPS shares is not offered: the counters say so from Kubernetes 1.36.2
-/// on; schedulers before it do not count a shared device's counters, and only this taint keeps
-/// them from handing the GPU out whole beside its shares.
+/// Why the whole GPU and the MIG devices of a GPU with MPS shares are not offered: the counters
+/// say so from Kubernetes 1.36.2 on; schedulers before it do not count a shared device's
+/// counters, and only this taint keeps them from handing the GPU out beside its shares.
 pub const SHARED: &str = "shared-through-mps";
 
 /// The devices that cannot be created given `everything` on the GPUs but could given only what
-/// the pool's claims hold (`claimed`, the same GPUs in the same order), with why; and every whole
-/// GPU with MPS shares ([`SHARED`]).
+/// the pool's claims hold (`claimed`, the same GPUs in the same order), with why; and every device
+/// but the MPS one of a GPU with MPS shares ([`SHARED`]).
 pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<DeviceRef, String> {
     let occupancy = |g: &GpuView| Occupancy::of(&g.table, g.occupied.iter().copied());
     let mut out = BTreeMap::new();
@@ -48,7 +48,7 @@ pub fn unavailable(everything: &[GpuView], claimed: &[GpuView]) -> BTreeMap<Devi
             devices.push(DeviceRef { gpu: all.index, kind: DeviceKind::Mps });
         }
         for d in devices {
-            if d.kind == DeviceKind::Gpu && (all.mps_shares > 0 || held.mps_shares > 0) {
+            if d.kind != DeviceKind::Mps && (all.mps_shares > 0 || held.mps_shares > 0) {
                 out.insert(d, SHARED.to_string());
             } else if !creatable(all, &all_occ, d) && creatable(held, &held_occ, d) {
                 out.insert(d, OCCUPIED.to_string());
