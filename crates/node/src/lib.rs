@@ -6,7 +6,8 @@
 //! and [`observed`] (what the GPUs hold) → [`prepare`] → [`plan`] (the minimal-diff placement
 //! planner, pure) → [`exec`] (through a [`backend::GpuBackend`]: NVML or the simulator) →
 //! [`reconfigure`] (a whole node, rechecking the kubelet's [`allocations`]). Beside it: [`mps`]
-//! (MPS daemons on GPUs without MIG), [`hooks`], per-GPU fragmentation ([`frag`]),
+//! (MPS daemons on GPUs without MIG), [`hooks`], per-GPU fragmentation ([`frag`]), GPU health from
+//! NVML events ([`health`]),
 //! [`checkpoint`], [`validate`], and the pure MIG domain re-exported as [`mig`].
 
 pub use gpupart_mig as mig;
@@ -19,6 +20,7 @@ pub mod dra;
 pub mod exec;
 pub mod frag;
 pub mod fsutil;
+pub mod health;
 pub mod hooks;
 pub mod layout;
 pub mod mps;

@@ -1,0 +1,151 @@
+//! GPU health from NVML events (pure): which events fence a GPU, as NVIDIA's device plugin judges
+//! them, and the node's record of unhealthy GPUs. Application XIDs (13 graphics engine exception,
+//! 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup, 68 video processor
+//! exception, 109 context switch timeout) say a program failed, not the GPU; every other XID, a
+//! double-bit ECC error and a GPU that is lost fence it. A single-bit ECC error is corrected and
+//! fences nothing. Health returns only when someone says so ([`HealthBook::recover`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// XIDs that report an application's fault, not the GPU's (NVIDIA's device plugin skips them).
+pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+
+/// What NVML reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// An XID critical error with its number.
+    Xid(u64),
+    /// An uncorrectable (double-bit) ECC error.
+    DoubleBitEcc,
+    /// A corrected (single-bit) ECC error.
+    SingleBitEcc,
+    /// The GPU stopped answering NVML (`NVML_ERROR_GPU_IS_LOST`).
+    GpuLost,
+}
+
+/// One event about a GPU (or one of its MIG instances).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuEvent {
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// What happened.
+    pub kind: EventKind,
+    /// The (GPU instance, compute instance) it names, when it names one.
+    pub instance: Option<(u32, u32)>,
+    /// When it was seen (seconds since the epoch).
+    pub at: i64,
+}
+
+/// Which XIDs are application errors (ignored): NVIDIA's list, changed by a flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XidPolicy {
+    ignored: BTreeSet<u64>,
+}
+
+impl Default for XidPolicy {
+    fn default() -> Self {
+        Self { ignored: APPLICATION_XIDS.into_iter().collect() }
+    }
+}
+
+/// A flag value that does not read; names the offending item.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{item}' is not an XID to ignore (`48`) or to fence on (`-43`)")]
+pub struct XidListError {
+    /// The item.
+    pub item: String,
+}
+
+impl XidPolicy {
+    /// NVIDIA's list changed by `flag`: comma-separated XIDs, `48` ignored as well, `-43` fenced
+    /// on after all.
+    pub fn parse(flag: &str) -> Result<Self, XidListError> {
+        let mut p = Self::default();
+        for item in flag.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (fence, number) = item.strip_prefix('-').map_or((false, item), |n| (true, n));
+            let xid: u64 = number.parse().map_err(|_| XidListError { item: item.to_string() })?;
+            if fence {
+                p.ignored.remove(&xid);
+            } else {
+                p.ignored.insert(xid);
+            }
+        }
+        Ok(p)
+    }
+
+    /// Whether `xid` is ignored.
+    pub fn ignores(&self, xid: u64) -> bool {
+        self.ignored.contains(&xid)
+    }
+}
+
+/// Why an event fences its GPU, or `None` when it does not.
+pub fn fault(kind: EventKind, policy: &XidPolicy) -> Option<String> {
+    match kind {
+        EventKind::Xid(x) if policy.ignores(x) => None,
+        EventKind::Xid(x) => Some(format!("XID {x}")),
+        EventKind::DoubleBitEcc => Some("double-bit ECC error".into()),
+        EventKind::SingleBitEcc => None,
+        EventKind::GpuLost => Some("GPU is lost".into()),
+    }
+}
+
+/// An unhealthy GPU: the first fault seen, when, and how many since.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhealthy {
+    /// The first fault (`XID 79`).
+    pub reason: String,
+    /// Its XID, when it was one.
+    pub xid: Option<u64>,
+    /// The MIG instance the first fault named, when it named one.
+    pub instance: Option<(u32, u32)>,
+    /// When the first fault was seen.
+    pub since: i64,
+    /// Faults seen since (the first included).
+    pub faults: u32,
+}
+
+/// The node's unhealthy GPUs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HealthBook {
+    gpus: BTreeMap<u32, Unhealthy>,
+}
+
+impl HealthBook {
+    /// Records an event of a GPU among `known`; returns the GPU's record when the event made it
+    /// unhealthy now (not when it already was, nor for an event that fences nothing).
+    pub fn record(&mut self, e: &GpuEvent, known: &[u32], policy: &XidPolicy) -> Result<Option<&Unhealthy>, String> {
+        if !known.contains(&e.gpu) {
+            return Err(format!("an event for GPU {} that this node does not have", e.gpu));
+        }
+        let Some(reason) = fault(e.kind, policy) else { return Ok(None) };
+        let xid = match e.kind {
+            EventKind::Xid(x) => Some(x),
+            _ => None,
+        };
+        let fresh = !self.gpus.contains_key(&e.gpu);
+        let entry =
+            self.gpus.entry(e.gpu).or_insert(Unhealthy { reason, xid, instance: e.instance, since: e.at, faults: 0 });
+        entry.faults += 1;
+        Ok(if fresh { Some(entry) } else { None })
+    }
+
+    /// GPU `gpu` is healthy again (an operator said so, or its reset was observed); whether it
+    /// was unhealthy.
+    pub fn recover(&mut self, gpu: u32) -> bool {
+        self.gpus.remove(&gpu).is_some()
+    }
+
+    /// Whether GPU `gpu` is unhealthy.
+    pub fn is_unhealthy(&self, gpu: u32) -> bool {
+        self.gpus.contains_key(&gpu)
+    }
+
+    /// The unhealthy GPUs.
+    pub fn unhealthy(&self) -> &BTreeMap<u32, Unhealthy> {
+        &self.gpus
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,49 @@
+use super::*;
+
+fn xid(gpu: u32, x: u64, at: i64) -> GpuEvent {
+    GpuEvent { gpu, kind: EventKind::Xid(x), instance: None, at }
+}
+
+#[test]
+fn device_faults_fence_and_application_xids_do_not() {
+    let p = XidPolicy::default();
+    for x in APPLICATION_XIDS {
+        assert_eq!(fault(EventKind::Xid(x), &p), None, "XID {x} is an application's");
+    }
+    assert_eq!(fault(EventKind::Xid(79), &p).as_deref(), Some("XID 79"));
+    assert_eq!(fault(EventKind::Xid(48), &p).as_deref(), Some("XID 48"));
+    assert_eq!(fault(EventKind::DoubleBitEcc, &p).as_deref(), Some("double-bit ECC error"));
+    assert_eq!(fault(EventKind::SingleBitEcc, &p), None, "corrected");
+    assert_eq!(fault(EventKind::GpuLost, &p).as_deref(), Some("GPU is lost"));
+    // The flag ignores more XIDs, or fences on an application one.
+    let q = XidPolicy::parse("48, -43").unwrap();
+    assert_eq!(fault(EventKind::Xid(48), &q), None);
+    assert_eq!(fault(EventKind::Xid(43), &q).as_deref(), Some("XID 43"));
+    assert_eq!(fault(EventKind::Xid(13), &q), None, "the rest of NVIDIA's list stays");
+    assert_eq!(XidPolicy::parse("79,x9").unwrap_err().item, "x9");
+    assert_eq!(XidPolicy::parse("--4").unwrap_err().item, "--4");
+    assert_eq!(XidPolicy::parse(""), Ok(XidPolicy::default()));
+}
+
+#[test]
+fn the_first_fault_marks_a_gpu_until_it_is_recovered_and_unknown_gpus_are_refused() {
+    let p = XidPolicy::default();
+    let mut book = HealthBook::default();
+    let known = [0, 1];
+    assert_eq!(book.record(&xid(1, 43, 10), &known, &p), Ok(None), "an application XID");
+    assert!(!book.is_unhealthy(1));
+    let first = book.record(&xid(1, 79, 11), &known, &p).unwrap().cloned().expect("fenced now");
+    assert_eq!((first.reason.as_str(), first.xid, first.since, first.faults), ("XID 79", Some(79), 11, 1));
+    let mig = GpuEvent { gpu: 1, kind: EventKind::Xid(94), instance: Some((3, 0)), at: 12 };
+    assert_eq!(book.record(&mig, &known, &p), Ok(None), "already unhealthy: no new change");
+    assert_eq!(book.unhealthy()[&1].faults, 2);
+    assert_eq!(book.unhealthy()[&1].reason, "XID 79", "the first fault is kept");
+    assert!(!book.is_unhealthy(0));
+    let e = book.record(&xid(7, 79, 13), &known, &p).unwrap_err();
+    assert!(e.contains("GPU 7"), "{e}");
+    assert!(book.recover(1));
+    assert!(!book.is_unhealthy(1) && !book.recover(1));
+    // Only a recovery brings it back: no timer.
+    let again = book.record(&mig, &known, &p).unwrap().cloned().expect("fenced again");
+    assert_eq!(again.instance, Some((3, 0)));
+}
