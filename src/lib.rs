@@ -8,8 +8,8 @@
 
 pub use gpupart_cluster::{defrag, fleet, keys, pools};
 pub use gpupart_node::{
-    allocations, backend, checkpoint, config, exec, frag, fsutil, hooks, layout, mig, mps, observed, plan, prepare,
-    reconfigure, validate,
+    allocations, backend, checkpoint, config, exec, frag, fsutil, health, hooks, layout, mig, mps, observed, plan,
+    prepare, reconfigure, validate,
 };
 
 pub mod agent;

@@ -496,6 +496,12 @@ impl GpuBackend for Instrumented {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn next_event(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<Option<gpupart_node::health::GpuEvent>, gpupart_node::backend::BackendError> {
+        self.inner.next_event(timeout)
+    }
     fn is_simulated(&self) -> bool {
         self.inner.is_simulated()
     }

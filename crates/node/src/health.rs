@@ -79,6 +79,22 @@ impl XidPolicy {
     }
 }
 
+/// The event NVML's `nvmlEventData_t` reports: its type bit and data (the XID), its instance ids
+/// (`0xFFFFFFFF`: none); `None` for a type that is not XID or ECC.
+pub fn from_nvml(gpu: u32, event_type: u64, data: u64, gi: u32, ci: u32, at: i64) -> Option<GpuEvent> {
+    let kind = match event_type {
+        0x8 => EventKind::Xid(data),
+        0x2 => EventKind::DoubleBitEcc,
+        0x1 => EventKind::SingleBitEcc,
+        _ => return None,
+    };
+    let instance = (gi != u32::MAX).then_some((gi, ci));
+    Some(GpuEvent { gpu, kind, instance, at })
+}
+
+/// The event types watched: XID critical errors and ECC errors.
+pub const WATCHED_EVENT_TYPES: u64 = 0x8 | 0x2 | 0x1;
+
 /// Why an event fences its GPU, or `None` when it does not.
 pub fn fault(kind: EventKind, policy: &XidPolicy) -> Option<String> {
     match kind {

@@ -70,6 +70,13 @@ pub enum ModeActivation {
 pub trait GpuBackend: Send + Sync {
     /// One line saying what this backend is (`simulator: 8 GPUs, state in /tmp/x.json`).
     fn describe(&self) -> String;
+
+    /// Waits up to `timeout` for the next XID or ECC event of the node's GPUs; `Ok(None)` when
+    /// none came. The GPUs are registered at the first call (earlier events are not seen).
+    fn next_event(&self, timeout: std::time::Duration) -> Result<Option<crate::health::GpuEvent>, BackendError> {
+        let _ = timeout;
+        Err(BackendError::Unavailable(format!("{} serves no NVML events", self.describe())))
+    }
     /// True when the GPUs are simulated: nothing real is read or changed.
     fn is_simulated(&self) -> bool {
         false

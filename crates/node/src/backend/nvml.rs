@@ -27,7 +27,16 @@ pub struct NvmlBackend {
     nvml: Nvml,
     library: String,
     nvidia_smi: PathBuf,
+    /// The event set of [`GpuBackend::next_event`], made at its first call.
+    events: std::sync::Mutex<Option<EventSet>>,
 }
+
+/// A raw NVML event set, owned by the backend (freed when it goes).
+struct EventSet(nvml_wrapper_sys::bindings::nvmlEventSet_t);
+
+// SAFETY: an NVML event set handle may be used from any thread (NVML is thread-safe); it is only
+// used under the backend's mutex.
+unsafe impl Send for EventSet {}
 
 fn wrap(gpu: u32, function: &'static str, e: NvmlError) -> BackendError {
     let detail = e.to_string();
@@ -53,6 +62,7 @@ impl NvmlBackend {
             nvml,
             library: name,
             nvidia_smi: nvidia_smi.map_or_else(|| PathBuf::from("nvidia-smi"), Path::to_path_buf),
+            events: std::sync::Mutex::new(None),
         })
     }
 
@@ -214,7 +224,42 @@ fn processes(gpu: u32, dev: &Device<'_>) -> Result<Vec<Placed>, BackendError> {
         .collect())
 }
 
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        if let Some(set) = self.events.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = self.raw().event_set_free(set.0);
+        }
+    }
+}
+
 impl GpuBackend for NvmlBackend {
+    fn next_event(&self, timeout: std::time::Duration) -> Result<Option<crate::health::GpuEvent>, BackendError> {
+        let mut events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let raw = self.raw();
+        if events.is_none() {
+            let set = raw.event_set_create().map_err(|e| self.err(0, e))?;
+            for gpu in 0..self.gpu_count()? {
+                let dev = self.device(gpu)?;
+                raw.register_events(handle(&dev), crate::health::WATCHED_EVENT_TYPES, set)
+                    .map_err(|e| self.err(gpu, e))?;
+            }
+            *events = Some(EventSet(set));
+        }
+        let Some(set) = events.as_ref() else { return Ok(None) };
+        let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        match raw.event_wait(set.0, ms) {
+            Ok((d, gpu)) => {
+                let at = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |t| t.as_secs() as i64);
+                Ok(crate::health::from_nvml(gpu, d.eventType, d.eventData, d.gpuInstanceId, d.computeInstanceId, at))
+            }
+            // NVML_ERROR_TIMEOUT: nothing came.
+            Err(e) if e.code == 10 => Ok(None),
+            Err(e) => Err(self.err(0, e)),
+        }
+    }
+
     fn describe(&self) -> String {
         format!("NVML from {}", self.library)
     }

@@ -13,8 +13,9 @@
 
 use nvml_wrapper::Device;
 use nvml_wrapper_sys::bindings::{
-    nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t, nvmlComputeInstance_t, nvmlDevice_t,
-    nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t, nvmlGpuInstance_t, NvmlLib,
+    nvmlComputeInstanceInfo_t, nvmlComputeInstancePlacement_t, nvmlComputeInstance_t, nvmlDevice_t, nvmlEventData_t,
+    nvmlEventSet_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_t, nvmlGpuInstance_t,
+    NvmlLib,
 };
 use std::mem::MaybeUninit;
 
@@ -198,5 +199,40 @@ impl<'a> Raw<'a> {
         raw!(self.lib, nvmlDeviceGetGpuInstanceId(mig, &mut gi))?;
         raw!(self.lib, nvmlDeviceGetComputeInstanceId(mig, &mut ci))?;
         Ok((gi, ci))
+    }
+
+    /// `nvmlEventSetCreate`: a new event set (freed with [`Raw::event_set_free`]).
+    pub fn event_set_create(&self) -> Result<nvmlEventSet_t, RawError> {
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        raw!(self.lib, nvmlEventSetCreate(&mut set))?;
+        Ok(set)
+    }
+
+    /// `nvmlEventSetFree`.
+    pub fn event_set_free(&self, set: nvmlEventSet_t) -> Result<(), RawError> {
+        raw!(self.lib, nvmlEventSetFree(set))
+    }
+
+    /// The event types of `wanted` the GPU supports, registered on `set`.
+    pub fn register_events(&self, dev: nvmlDevice_t, wanted: u64, set: nvmlEventSet_t) -> Result<u64, RawError> {
+        let mut supported = 0u64;
+        raw!(self.lib, nvmlDeviceGetSupportedEventTypes(dev, &mut supported))?;
+        let types = supported & wanted;
+        if types != 0 {
+            raw!(self.lib, nvmlDeviceRegisterEvents(dev, types, set))?;
+        }
+        Ok(types)
+    }
+
+    /// `nvmlEventSetWait_v2`: the next event within `timeout_ms` (code 10 on timeout), with the
+    /// NVML index of its GPU.
+    pub fn event_wait(&self, set: nvmlEventSet_t, timeout_ms: u32) -> Result<(nvmlEventData_t, u32), RawError> {
+        let mut data = MaybeUninit::<nvmlEventData_t>::zeroed();
+        raw!(self.lib, nvmlEventSetWait_v2(set, data.as_mut_ptr(), timeout_ms))?;
+        // SAFETY: zeroed is a valid nvmlEventData_t (plain integers and a pointer), and NVML wrote it.
+        let data = unsafe { data.assume_init() };
+        let mut index = 0u32;
+        raw!(self.lib, nvmlDeviceGetIndex(data.device, &mut index))?;
+        Ok((data, index))
     }
 }

@@ -19,6 +19,8 @@ pub struct SimBackend {
     path: Option<PathBuf>,
     op_delay: Duration,
     faults: Mutex<Faults>,
+    /// The last event [`GpuBackend::next_event`] returned (or the last before its first call).
+    event_cursor: Mutex<Option<u64>>,
 }
 
 struct Inner {
@@ -64,6 +66,7 @@ impl SimBackend {
             path,
             op_delay: Duration::ZERO,
             faults: Mutex::new(Faults::default()),
+            event_cursor: Mutex::new(None),
         }
     }
 
@@ -209,6 +212,35 @@ fn observe_gpu(g: &SimGpu) -> Result<GpuState, BackendError> {
 }
 
 impl GpuBackend for SimBackend {
+    fn next_event(&self, timeout: Duration) -> Result<Option<crate::health::GpuEvent>, BackendError> {
+        let until = std::time::Instant::now() + timeout;
+        let mut cursor = self.event_cursor.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let next = {
+                let g = self.current()?;
+                let after = *cursor.get_or_insert_with(|| g.state.events.last().map_or(0, |e| e.seq));
+                g.state.events.iter().find(|e| e.seq > after).cloned()
+            };
+            if let Some(e) = next {
+                *cursor = Some(e.seq);
+                let at = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |t| t.as_secs() as i64);
+                let (gi, ci) = (e.gpu_instance_id.unwrap_or(u32::MAX), e.compute_instance_id.unwrap_or(u32::MAX));
+                if let Some(ev) = crate::health::from_nvml(e.gpu, e.event_type, e.data, gi, ci, at) {
+                    return Ok(Some(ev));
+                }
+                continue;
+            }
+            if std::time::Instant::now() >= until {
+                return Ok(None);
+            }
+            std::thread::sleep(
+                Duration::from_millis(5).min(until.saturating_duration_since(std::time::Instant::now())),
+            );
+        }
+    }
+
     fn is_simulated(&self) -> bool {
         true
     }
