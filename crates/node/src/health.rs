@@ -5,6 +5,7 @@
 //! double-bit ECC error and a GPU that is lost fence it. A single-bit ECC error is corrected and
 //! fences nothing. Health returns only when someone says so ([`HealthBook::recover`]).
 
+use crate::mig::sim::state::{EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// XIDs that report an application's fault, not the GPU's (NVIDIA's device plugin skips them).
@@ -83,9 +84,9 @@ impl XidPolicy {
 /// (`0xFFFFFFFF`: none); `None` for a type that is not XID or ECC.
 pub fn from_nvml(gpu: u32, event_type: u64, data: u64, gi: u32, ci: u32, at: i64) -> Option<GpuEvent> {
     let kind = match event_type {
-        0x8 => EventKind::Xid(data),
-        0x2 => EventKind::DoubleBitEcc,
-        0x1 => EventKind::SingleBitEcc,
+        EVENT_XID => EventKind::Xid(data),
+        EVENT_DOUBLE_BIT_ECC => EventKind::DoubleBitEcc,
+        EVENT_SINGLE_BIT_ECC => EventKind::SingleBitEcc,
         _ => return None,
     };
     let instance = (gi != u32::MAX).then_some((gi, ci));
@@ -93,7 +94,7 @@ pub fn from_nvml(gpu: u32, event_type: u64, data: u64, gi: u32, ci: u32, at: i64
 }
 
 /// The event types watched: XID critical errors and ECC errors.
-pub const WATCHED_EVENT_TYPES: u64 = 0x8 | 0x2 | 0x1;
+pub const WATCHED_EVENT_TYPES: u64 = EVENT_XID | EVENT_DOUBLE_BIT_ECC | EVENT_SINGLE_BIT_ECC;
 
 /// Why an event fences its GPU, or `None` when it does not.
 pub fn fault(kind: EventKind, policy: &XidPolicy) -> Option<String> {

@@ -113,3 +113,10 @@ pub trait GpuBackend: Send + Sync {
         (0..self.gpu_count()?).map(|i| self.observe(i)).collect()
     }
 }
+
+/// An event as NVML's `nvmlEventData_t` gives it, stamped with the time it was read (the event
+/// sources of both backends).
+pub(crate) fn stamped(gpu: u32, event_type: u64, data: u64, gi: u32, ci: u32) -> Option<crate::health::GpuEvent> {
+    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_secs() as i64);
+    crate::health::from_nvml(gpu, event_type, data, gi, ci, at)
+}

@@ -248,12 +248,7 @@ impl GpuBackend for NvmlBackend {
         let Some(set) = events.as_ref() else { return Ok(None) };
         let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
         match raw.event_wait(set.0, ms) {
-            Ok((d, gpu)) => {
-                let at = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |t| t.as_secs() as i64);
-                Ok(crate::health::from_nvml(gpu, d.eventType, d.eventData, d.gpuInstanceId, d.computeInstanceId, at))
-            }
+            Ok((d, gpu)) => Ok(super::stamped(gpu, d.eventType, d.eventData, d.gpuInstanceId, d.computeInstanceId)),
             // NVML_ERROR_TIMEOUT: nothing came.
             Err(e) if e.code == 10 => Ok(None),
             Err(e) => Err(self.err(0, e)),

@@ -223,11 +223,8 @@ impl GpuBackend for SimBackend {
             };
             if let Some(e) = next {
                 *cursor = Some(e.seq);
-                let at = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |t| t.as_secs() as i64);
                 let (gi, ci) = (e.gpu_instance_id.unwrap_or(u32::MAX), e.compute_instance_id.unwrap_or(u32::MAX));
-                if let Some(ev) = crate::health::from_nvml(e.gpu, e.event_type, e.data, gi, ci, at) {
+                if let Some(ev) = super::stamped(e.gpu, e.event_type, e.data, gi, ci) {
                     return Ok(Some(ev));
                 }
                 continue;

@@ -93,6 +93,12 @@ pub fn every_device(gpu: u32, table: &ProfileTable) -> Vec<DeviceRef> {
     out
 }
 
+/// Whether a GPU has an MPS device: one without MIG profiles always, a MIG-capable one when
+/// `on_mig_gpus` (`--dra-mps-on-mig-gpus`).
+pub fn has_mps_device(info: &crate::observed::GpuInfo, table: &ProfileTable, on_mig_gpus: bool) -> bool {
+    !info.mig_capable || table.profiles.is_empty() || on_mig_gpus
+}
+
 /// The counter set of a GPU without MIG: its memory, which the whole GPU and its MPS device each
 /// consume entirely, so the scheduler hands the GPU out whole or as MPS shares, never both.
 pub fn whole_counters(memory_bytes: u64) -> Capacities {

@@ -203,7 +203,7 @@ impl Driver {
 
     /// Whether GPU `s` has an MPS device.
     pub fn has_mps_device(&self, s: &GpuState) -> bool {
-        !s.info.mig_capable || s.profiles.profiles.is_empty() || self.mps_on_mig
+        super::devices::has_mps_device(&s.info, &s.profiles, self.mps_on_mig)
     }
 
     /// Serves MPS shares through `mps` (without it, a share's Prepare fails saying so).
@@ -766,11 +766,6 @@ impl Driver {
             }
         }
         Ok(report)
-    }
-
-    /// The GPUs with MPS shares prepared.
-    pub fn shared_gpus(&self) -> std::collections::BTreeSet<u32> {
-        self.shares().into_keys().collect()
     }
 
     /// Per GPU with MPS shares prepared: how many, and the device memory their clients may pin.

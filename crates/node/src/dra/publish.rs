@@ -203,7 +203,7 @@ impl Catalog {
                     counters,
                     driver_version: driver_version.to_string(),
                     mps: self.mps,
-                    mps_device: !s.info.mig_capable || s.profiles.profiles.is_empty() || self.mps_on_mig,
+                    mps_device: super::devices::has_mps_device(&s.info, &s.profiles, self.mps_on_mig),
                 }
             })
             .collect()
