@@ -272,3 +272,22 @@ fn a_mig_gpu_is_shared_through_mps_only_when_asked_and_only_while_no_mig_device_
     rig.mps_claim("late", "1Gi");
     assert!(rig.schedule("late").is_err(), "no share beside a MIG device");
 }
+
+#[test]
+fn a_share_that_fails_after_its_daemon_started_leaves_no_daemon_and_prepares_later() {
+    let rig = DraRig::start("T4-16GB:1");
+    rig.kubelet.wait_registered(1);
+    rig.mps_claim("first", "2Gi");
+    rig.schedule("first").unwrap();
+    // The CDI directory cannot take the claim's spec: the daemon the share started goes again.
+    let cdi = rig.path("cdi");
+    let _ = std::fs::remove_dir_all(&cdi);
+    std::fs::write(&cdi, "not a directory").unwrap();
+    let e = rig.prepare("first").expect_err("the spec cannot be written");
+    assert!(e.contains("CDI spec") && e.contains("ml/first"), "{e}");
+    assert_eq!(daemons(&rig), 0, "rolled back: no daemon left");
+    std::fs::remove_file(&cdi).unwrap();
+    std::fs::create_dir_all(&cdi).unwrap();
+    rig.prepare("first").unwrap_or_else(|e| panic!("{e}\n{}", rig.stderr()));
+    assert_eq!(daemons(&rig), 1);
+}
