@@ -138,3 +138,22 @@ fn a_dry_run_says_which_gpu_it_would_re_cut_and_changes_nothing() {
     assert!(taints(&rig, "gpu-a").is_empty());
     assert_eq!(rig.layouts().matches("7g.80gb").count(), 0, "no layout written");
 }
+
+#[test]
+fn the_eviction_caps_keep_a_room_from_being_made_when_its_moves_do_not_fit_in_them() {
+    let rig = busy(true);
+    let _c = rig.controller("c1", &["--defrag", "--defrag-min-age", "0s", "--defrag-max-evictions-per-node", "1"]);
+    rig.api.put("pods", gpu_pod("serving", "big", "nvidia.com/mig-7g.80gb", 1, false));
+    rig.wait("the plan is held back by the cap", 30, |r| {
+        r.log("c1").contains("no room made for this pod now")
+            && r.log("c1").contains("--defrag-max-evictions-per-node 1")
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    // Not half done: no layout, no taint, no eviction.
+    assert!(taints(&rig, "gpu-a").is_empty());
+    assert!(!rig.api.events().iter().any(|(_, r, _)| r == "MakingRoom" || r == "Defragmenting"));
+    for name in ["small-a", "small-b"] {
+        assert_eq!(rig.pod("serving", name), ("Running".into(), Some("gpu-a".into())), "{name}");
+    }
+    assert_eq!(rig.layout_of("gpu-a")[0].len(), 7, "gpu-a keeps its seven 1g.10gb");
+}

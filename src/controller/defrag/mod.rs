@@ -137,9 +137,15 @@ impl Defrag {
         true
     }
 
-    /// Why the batch's room on a GPU for `d.for_pod` is not to be made now: the plan for that
-    /// pod failed within the cooldown, or the same plan failed before.
+    /// Why the batch's room on a GPU for `d.for_pod` is not to be made now: the eviction caps
+    /// leave no room for all of its moves (a room is written before its pods move, so the check
+    /// comes first), the plan for that pod failed within the cooldown, or the same plan failed
+    /// before.
     pub fn refuses(&self, d: &Drain, now: i64) -> Option<String> {
+        let moves = d.moves.as_ref().map_or(0, Vec::len);
+        if let Some(why) = self.capped(&d.node, moves) {
+            return Some(why);
+        }
         let f = self.failed.get(&d.for_pod)?;
         if now - f.at < self.args.defrag_cooldown.as_secs() as i64 {
             return Some(format!("its last plan failed {} s ago (--defrag-cooldown)", now - f.at));
