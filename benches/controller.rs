@@ -290,6 +290,7 @@ impl Sim {
                     .collect(),
                 busy: g.whole.is_some(),
                 mps_slots: None,
+                unhealthy: None,
             })
             .collect()
     }

@@ -103,6 +103,10 @@ pub struct GpuArgs {
     /// [default: /var/lib/kubelet/pod-resources/kubelet.sock] [env: GPUPART_POD_RESOURCES_SOCKET].
     #[arg(long, value_name = "PATH")]
     pub pod_resources_socket: Option<PathBuf>,
+    /// The record of unhealthy GPUs the agent keeps and `status`, `export` and `health` read
+    /// [default: /var/lib/gpupart/health.json] [env: GPUPART_HEALTH_FILE].
+    #[arg(long, value_name = "FILE")]
+    pub health_file: Option<PathBuf>,
 }
 
 pub use crate::backend::GpuOptions;
@@ -126,6 +130,7 @@ impl GpuArgs {
             ("--mps-timeout", self.mps_timeout.is_some()),
             ("--mps-shm-size", self.mps_shm_size.is_some()),
             ("--pod-resources-socket", self.pod_resources_socket.is_some()),
+            ("--health-file", self.health_file.is_some()),
         ];
         set.into_iter().filter(|(_, on)| *on).map(|(n, _)| n).collect()
     }
@@ -188,6 +193,8 @@ impl GpuArgs {
                 Some("GPUPART_POD_RESOURCES_SOCKET"),
             )
             .unwrap_or_else(|| PathBuf::from(crate::kubelet::pod_resources::DEFAULT_SOCKET)),
+            health_file: path(&self.health_file, &top.health_file, Some("GPUPART_HEALTH_FILE"))
+                .unwrap_or_else(|| PathBuf::from(crate::gpu_health::DEFAULT_FILE)),
             debug,
             as_mig_parted: false,
         })
@@ -249,6 +256,22 @@ pub enum Command {
     Checkpoint(CheckpointArgs),
     /// Bring back a checkpoint's MIG state: exact placements, keeping what already matches.
     Restore(RestoreArgs),
+    /// Show the GPUs the agent fenced after NVML errors, or bring them back (docs/health.md).
+    Health(HealthArgs),
+}
+
+/// `health` options.
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// GPU options (also accepted before the verb).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// Mark these GPUs healthy again: `1,3` or `all` (a running agent picks it up).
+    #[arg(long, value_name = "GPUS")]
+    pub recover: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
+    pub output: StatusFormat,
 }
 
 /// `generate-config` options.
@@ -675,6 +698,15 @@ pub struct AgentArgs {
     /// there (the first share turns MIG mode off, the last turns it on again).
     #[arg(long)]
     pub dra_mps_on_mig_gpus: bool,
+    /// XIDs that do not fence a GPU besides NVIDIA's application XIDs (13,31,43,45,68,109), comma
+    /// separated; `-43` fences on XID 43 after all (docs/health.md) [env: GPUPART_IGNORE_XIDS].
+    #[arg(long, value_name = "LIST", env = "GPUPART_IGNORE_XIDS", default_value = "", value_parser = xid_policy, allow_hyphen_values = true)]
+    pub ignore_xids: gpupart_node::health::XidPolicy,
+}
+
+/// `--ignore-xids`.
+fn xid_policy(s: &str) -> Result<gpupart_node::health::XidPolicy, String> {
+    gpupart_node::health::XidPolicy::parse(s).map_err(|e| e.to_string())
 }
 
 /// A byte quantity as Kubernetes writes it (`1Gi`, `256Mi`, `1073741824`).

@@ -19,6 +19,7 @@ pub mod commands;
 pub mod controller;
 pub mod dra;
 pub mod fuzzing;
+pub mod gpu_health;
 pub mod http;
 pub mod kube;
 pub mod kubelet;

@@ -58,6 +58,7 @@ pub struct Metrics {
     durations: Family<Labels, Histogram>,
     nvml_errors: Family<Labels, Counter>,
     dra: Option<crate::dra::metrics::DraMetrics>,
+    health: crate::gpu_health::metrics::HealthMetrics,
 }
 
 /// The node's fragmentation figures, one metric each (docs/metrics.md).
@@ -228,6 +229,7 @@ impl Metrics {
             nvml_errors.clone(),
         );
         let dra = dra.then(|| crate::dra::metrics::DraMetrics::register(&mut r));
+        let health = crate::gpu_health::metrics::HealthMetrics::register(&mut r);
         Self {
             registry: r,
             lock: Mutex::new(()),
@@ -258,7 +260,13 @@ impl Metrics {
             durations,
             nvml_errors,
             dra,
+            health,
         }
+    }
+
+    /// The GPU health families.
+    pub fn health(&self) -> &crate::gpu_health::metrics::HealthMetrics {
+        &self.health
     }
 
     /// The DRA plugin's families (registered by [`Metrics::for_dra`] only).
@@ -501,6 +509,9 @@ impl GpuBackend for Instrumented {
         timeout: std::time::Duration,
     ) -> Result<Option<gpupart_node::health::GpuEvent>, gpupart_node::backend::BackendError> {
         self.inner.next_event(timeout)
+    }
+    fn serves_events(&self) -> bool {
+        self.inner.serves_events()
     }
     fn is_simulated(&self) -> bool {
         self.inner.is_simulated()

@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod config_map;
+pub mod fence;
 pub mod lock;
 pub mod notify;
 pub mod reconcile;
@@ -16,6 +17,7 @@ pub mod status;
 use crate::backend::GpuBackend;
 use crate::cli::{AgentArgs, GpuOptions};
 use crate::exec::ExecOptions;
+use crate::gpu_health::watch::Change;
 use crate::http::{router, Health, HttpState};
 use crate::kube::{KubeReporter, NodeWatch};
 use anyhow::{bail, Context};
@@ -123,6 +125,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     let raw: Arc<dyn GpuBackend> = Arc::from(crate::backend::open(g)?);
     let raw_simulated = raw.is_simulated();
     let metrics = Arc::new(crate::metrics::Metrics::for_backend(raw_simulated));
+    let gpu_health = Arc::new(crate::gpu_health::GpuHealth::load(&g.health_file, a.ignore_xids.clone()));
     let mps = crate::mps::Mps::from_args(g);
     let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
@@ -141,7 +144,11 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
             None => {
                 let client = crate::kube::client().await?;
                 let (ctx, mut crx) = mpsc::channel::<()>(8);
-                let keys = vec![a.label_key.clone(), crate::kube::keys::FORCE.to_string()];
+                let keys = vec![
+                    a.label_key.clone(),
+                    crate::kube::keys::FORCE.to_string(),
+                    crate::kube::keys::RECOVER_GPUS.to_string(),
+                ];
                 let watch = NodeWatch::spawn(client.clone(), &node, keys, ctx);
                 let forward = tx.clone();
                 tokio::spawn(async move {
@@ -218,6 +225,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
             plugin,
             pod_source,
             hooks: agent_hooks,
+            health: gpu_health,
         };
         async_main(a.clone(), mode, config, backend, outputs, tx, rx).await
     });
@@ -265,15 +273,21 @@ fn read_desired(mode: &Mode, a: &AgentArgs, config: &ConfigSource) -> Option<(re
     }
 }
 
-/// Removes the force annotation after the change it was meant for.
-async fn clear_force(mode: &Mode) {
+/// Removes a request annotation (force, recovery) once acted on.
+async fn clear_annotation(mode: &Mode, key: &str) {
     let Mode::Kube { client, node, .. } = mode else { return };
     let api: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { crate::kube::keys::FORCE: null } } });
+    let patch = serde_json::json!({ "metadata": { "annotations": { key: null } } });
     let pp = crate::kube::keys::merge_params();
     if let Err(e) = api.patch_metadata(node, &pp, &::kube::api::Patch::Merge(&patch)).await {
-        tracing::warn!(error = %e, "removing the force annotation failed");
+        tracing::warn!(error = %e, annotation = key, "removing the annotation failed");
     }
+}
+
+/// The recovery annotation's value, when the Node has one.
+fn recovery_request(mode: &Mode) -> Option<String> {
+    let Mode::Kube { watch, .. } = mode else { return None };
+    watch.view().annotations.get(crate::kube::keys::RECOVER_GPUS).cloned()
 }
 
 /// Where the agent publishes: metrics, state reporters, and (in Kubernetes) the node summary.
@@ -285,6 +299,7 @@ struct Outputs {
     plugin: Option<crate::kubelet::device_plugin::DevicePluginHandle>,
     pod_source: Option<Arc<crate::kubelet::pod_resources::Reported>>,
     hooks: Option<Arc<reconcile::AgentHooks>>,
+    health: Arc<crate::gpu_health::GpuHealth>,
 }
 
 async fn async_main(
@@ -296,7 +311,11 @@ async fn async_main(
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
-    let Outputs { metrics, reporter, summaries, mps, plugin, pod_source, hooks: agent_hooks } = outputs;
+    let Outputs { metrics, reporter, summaries, mps, plugin, pod_source, hooks: agent_hooks, health: gpu_health } =
+        outputs;
+    let (htx, mut hrx) = mpsc::channel::<Change>(16);
+    let watcher = crate::gpu_health::watch::Watcher::new(backend.clone(), gpu_health.clone(), metrics.clone());
+    crate::gpu_health::watch::spawn(watcher, htx);
     let health = Arc::new(Health::default());
     health.beat();
     let listener = crate::http::listen(a.metrics_addr).await?;
@@ -315,6 +334,7 @@ async fn async_main(
         pods: pod_source.clone(),
         summaries,
         config: config.clone(),
+        health: gpu_health.clone(),
     };
     spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
@@ -361,9 +381,34 @@ async fn async_main(
             }
             _ = health_tick.tick() => {
                 degraded = supervise(&supervision, last_status.as_ref(), degraded).await;
-                advertise(plugin.as_ref(), &supervisor, &mps);
+                advertise(plugin.as_ref(), &supervisor, &mps, &gpu_health);
                 continue;
             }
+            Some(change) = hrx.recv() => {
+                let recovered = matches!(change, Change::Recovered { .. });
+                announce(&change, last_status.as_ref(), &reporter);
+                advertise(plugin.as_ref(), &supervisor, &mps, &gpu_health);
+                collect_now.notify_one();
+                // A GPU that is back gets the layout; a fenced one needs no reconcile.
+                if !recovered {
+                    continue;
+                }
+            }
+        }
+        if let Some(value) = recovery_request(&mode) {
+            match fence::recover(&value, &gpu_health) {
+                Ok(Some(change)) => {
+                    announce(&change, last_status.as_ref(), &reporter);
+                    advertise(plugin.as_ref(), &supervisor, &mps, &gpu_health);
+                    collect_now.notify_one();
+                }
+                Ok(None) => tracing::info!(value, "the recovery annotation names no unhealthy GPU"),
+                Err(e) => {
+                    let refused = report::Notice { type_: "Warning", reason: "GpuRecoveryRefused", note: e };
+                    announce_notice(&refused, last_status.as_ref(), &reporter);
+                }
+            }
+            clear_annotation(&mode, crate::kube::keys::RECOVER_GPUS).await;
         }
         health.beat();
         let Some((mut desired, mut forced)) = read_desired(&mode, &a, &config) else {
@@ -388,6 +433,7 @@ async fn async_main(
         let mut run_settings = settings;
         run_settings.force |= forced;
         let (m, p, pods, hooks) = (mps.clone(), plugin.clone(), pod_source.clone(), agent_hooks.clone());
+        let fenced = gpu_health.snapshot();
         let mut task = tokio::task::spawn_blocking(move || {
             let edges = reconcile::Edges {
                 clients: clients.as_deref().map(|c| c as &dyn reconcile::Clients),
@@ -395,6 +441,7 @@ async fn async_main(
                 slots: p.as_ref().map(|p| p as &dyn reconcile::SlotSink),
                 allocations: pods.as_deref().map(|s| s as &dyn crate::kubelet::pod_resources::AllocationSource),
                 hooks: hooks.as_deref(),
+                fenced: Some(&fenced),
             };
             reconcile(b.as_ref(), &desired, run_settings, &edges, &mut |pending| r.publish(pending))
         });
@@ -425,9 +472,9 @@ async fn async_main(
         } else if result.status.state == Phase::Idle {
             supervisor.lock().unwrap_or_else(|e| e.into_inner()).watch(Vec::new());
         }
-        advertise(plugin.as_ref(), &supervisor, &mps);
+        advertise(plugin.as_ref(), &supervisor, &mps, &gpu_health);
         if forced && result.status.state != Phase::Idle {
-            clear_force(&mode).await;
+            clear_annotation(&mode, crate::kube::keys::FORCE).await;
         }
         let mut status = result.status;
         let wait = if status.state == Phase::Pending && result.retry {
@@ -474,13 +521,29 @@ async fn async_main(
     }
 }
 
-/// Hands the device plugin the slots of every daemon under watch, with their health.
+/// Publishes a change of the GPUs' health as an Event (with the last status; only logged before
+/// the first reconcile).
+fn announce(change: &Change, last: Option<&status::AgentStatus>, reporter: &Arc<dyn Reporter>) {
+    announce_notice(&fence::notice(change), last, reporter);
+}
+
+fn announce_notice(notice: &report::Notice, last: Option<&status::AgentStatus>, reporter: &Arc<dyn Reporter>) {
+    match last {
+        Some(st) => reporter.publish_notice(st, notice),
+        None => tracing::warn!(reason = notice.reason, note = %notice.note, "event"),
+    }
+}
+
+/// Hands the device plugin the slots of every daemon under watch, with their health: a slot is
+/// healthy while its daemon answers and its GPU is not fenced.
 fn advertise(
     plugin: Option<&crate::kubelet::device_plugin::DevicePluginHandle>,
     supervisor: &std::sync::Mutex<crate::mps::supervise::Supervisor>,
     mps: &crate::mps::Mps,
+    gpus: &crate::gpu_health::GpuHealth,
 ) {
     let Some(plugin) = plugin else { return };
+    let fenced = gpus.snapshot();
     let health = supervisor.lock().unwrap_or_else(|e| e.into_inner()).health();
     let gpus = health
         .into_iter()
@@ -491,7 +554,7 @@ fn advertise(
                 settings: w.settings,
                 pipe_dir: paths.pipe().display().to_string(),
                 shm_dir: paths.shm().display().to_string(),
-                healthy,
+                healthy: healthy && !fenced.is_unhealthy(w.gpu),
             }
         })
         .collect();
@@ -574,6 +637,7 @@ struct Collector {
     pods: Option<Arc<crate::kubelet::pod_resources::Reported>>,
     summaries: Option<KubeReporter>,
     config: ConfigSource,
+    health: Arc<crate::gpu_health::GpuHealth>,
 }
 
 /// Whether the config text names `layout`.
@@ -612,11 +676,14 @@ impl Collector {
         }
         let daemons: Vec<_> = states.iter().map(|s| self.mps.observe(s)).collect();
         self.metrics.update_with_mps(&states, &daemons, workload.as_ref(), t.elapsed().as_secs_f64());
+        let fenced = self.health.snapshot();
+        self.metrics.health().show(&fenced, states.len() as u32);
         self.summaries.as_ref()?;
-        let frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
+        let mut frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
+        crate::kube::summary::fence(&mut frags, &fenced);
         let node = crate::frag::node_frag(&frags);
         let configured = workload.as_ref().is_some_and(|w| !w.weights.is_empty());
-        Some(crate::kube::summary::summarize(&states, &frags, &node, configured))
+        Some(crate::kube::summary::summarize(&states, &frags, &node, configured, &fenced))
     }
 }
 

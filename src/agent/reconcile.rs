@@ -72,6 +72,33 @@ pub struct Edges<'a> {
     pub allocations: Option<&'a dyn AllocationSource>,
     /// A mig-parted hooks file run around each change.
     pub hooks: Option<&'a AgentHooks>,
+    /// Unhealthy GPUs: left as they are.
+    pub fenced: Option<&'a crate::health::HealthBook>,
+}
+
+/// Leaves unhealthy GPUs as they are: their changes and MPS daemon changes are dropped. One line
+/// per GPU whose change was dropped.
+fn leave_unhealthy(
+    jobs: &mut [crate::prepare::Job],
+    mps_plans: &mut [crate::mps::node::GpuMps],
+    book: &crate::health::HealthBook,
+) -> Vec<String> {
+    let mut left = Vec::new();
+    for (gpu, u) in book.unhealthy() {
+        let mut dropped = false;
+        for j in jobs.iter_mut().filter(|j| j.state.info.index == *gpu && !j.is_noop()) {
+            (j.mode_change, j.plan) = (None, None);
+            dropped = true;
+        }
+        for p in mps_plans.iter_mut().filter(|p| p.gpu == *gpu && p.action.changes()) {
+            p.action = Action::None;
+            dropped = true;
+        }
+        if dropped {
+            left.push(format!("{}, left as it is", crate::gpu_health::describe(*gpu, u)));
+        }
+    }
+    left
 }
 
 /// The agent's hooks file and the `MIG_PARTED_*` settings its commands see.
@@ -189,7 +216,7 @@ pub fn reconcile(
     let planned = plan_settled(backend, config, opts, edges.mps, edges.allocations, &mut |p| {
         on_pending(&pending_status(layout, name, p))
     });
-    let Planned { jobs, mps_plans, .. } = match planned {
+    let Planned { mut jobs, mut mps_plans, .. } = match planned {
         Ok(p) => p,
         Err(PassError::Observe(e)) => return failed(layout, Failure::Gpu, format!("reading the GPUs: {e}"), true),
         Err(PassError::Prepare(e)) => {
@@ -211,9 +238,13 @@ pub fn reconcile(
             _ => None,
         })
         .collect();
+    let left = edges.fenced.map(|b| leave_unhealthy(&mut jobs, &mut mps_plans, b)).unwrap_or_default();
     let (kept, destroyed, created) = counts(&jobs);
     let with_counts = |mut st: AgentStatus, ms: u64| {
         (st.kept, st.destroyed, st.created, st.duration_ms) = (kept, destroyed, created, ms);
+        for l in &left {
+            st.reason = format!("{}; {l}", st.reason);
+        }
         st
     };
     let done = |status: AgentStatus, retry: bool| Reconciled { status, retry, serving: Some(serving.clone()) };

@@ -161,7 +161,14 @@ pub fn run(g: &GpuOptions, a: &ExportArgs) -> anyhow::Result<ExitCode> {
     let served: Vec<Option<MpsSettings>> = states.iter().map(|s| mps.serving(s)).collect();
     let entries = entries(&states, &served);
     match a.output {
-        ExportFormat::Yaml => out!("{}", yaml(&a.label, &entries)),
+        ExportFormat::Yaml => {
+            let book = crate::gpu_health::read_or_warn(&g.health_file);
+            // mig-parted ignores comments: the config stays the same.
+            for (gpu, u) in book.unhealthy() {
+                out!("# gpupart: {}\n", crate::gpu_health::describe(*gpu, u));
+            }
+            out!("{}", yaml(&a.label, &entries))
+        }
         ExportFormat::Json => outln!("{}", serde_json::to_string_pretty(&json_doc(&a.label, &entries))?),
     }
     Ok(ExitCode::SUCCESS)

@@ -16,6 +16,7 @@ mod checkpoint;
 mod export;
 mod frag;
 mod generate;
+mod health;
 mod interrupt;
 mod io;
 mod plan;
@@ -42,6 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Assert(a) => assert::run(&gpu(&a.gpu)?, a),
         Command::Export(a) => export::run(&gpu(&a.gpu)?, a),
         Command::Status(a) => status::run(&gpu(&a.gpu)?, a),
+        Command::Health(a) => health::run(&gpu(&a.gpu)?, a),
         Command::Agent(a) => crate::agent::run(&gpu(&a.gpu)?, a),
         Command::Frag(a) => frag::run(&gpu(&a.gpu)?, a),
         Command::GenerateConfig(a) => generate::run(&gpu(&a.gpu)?, a),

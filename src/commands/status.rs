@@ -55,6 +55,8 @@ pub struct GpuStatus {
     pub pods: Vec<crate::observed::PodUse>,
     /// The GPU's MPS control daemon, when one runs or gpupart configured one (else null).
     pub mps: Option<MpsStatus>,
+    /// Why the agent fenced the GPU (its health record, docs/health.md), else null.
+    pub unhealthy: Option<crate::health::Unhealthy>,
 }
 
 /// One GPU's MPS daemon in `status -o json`: the daemon as read (pid, up, limits read back,
@@ -185,6 +187,7 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
                 compute_mode: s.compute_mode,
                 pods: s.pods.clone(),
                 mps: mps.zip(daemon).map(|(m, d)| mps_status(m, s, d)),
+                unhealthy: None,
             }
         })
         .collect();
@@ -203,6 +206,14 @@ fn table(doc: &StatusDoc) -> String {
             format!("MIG {} (pending {})", word(g.mig_mode.current), word(g.mig_mode.pending))
         };
         let _ = writeln!(out, "GPU {}  {}  {}  {}  {}", g.index, g.model, g.uuid, g.bus_id, mode);
+        if let Some(u) = &g.unhealthy {
+            let _ = writeln!(
+                out,
+                "  UNHEALTHY: {} (gpupart health --recover {})",
+                crate::gpu_health::describe(g.index, u),
+                g.index
+            );
+        }
         if !g.instances.is_empty() {
             let _ = writeln!(out, "  {:<18} {:>3} {:>3}  {:<40}  BUSY", "INSTANCE", "GI", "CI", "UUID");
             for i in &g.instances {
@@ -281,6 +292,10 @@ pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let mut doc = status_doc(&states, Some(&mps));
     doc.pod_resources = Some(source);
     doc.simulated = backend.is_simulated();
+    let book = crate::gpu_health::read_or_warn(&g.health_file);
+    for gpu in &mut doc.gpus {
+        gpu.unhealthy = book.unhealthy().get(&gpu.index).cloned();
+    }
     match a.output {
         StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
         StatusFormat::Table if doc.gpus.is_empty() => outln!("no GPUs found ({})", backend.describe()),

@@ -232,8 +232,13 @@ pub async fn publish_loop(
                             }
                         }
                         let totals = gpupart_node::frag::node_frag(&frags);
-                        node.summaries
-                            .publish_summary(crate::kube::summary::summarize(&states, &frags, &totals, false));
+                        node.summaries.publish_summary(crate::kube::summary::summarize(
+                            &states,
+                            &frags,
+                            &totals,
+                            false,
+                            &Default::default(),
+                        ));
                         tracing::debug!(
                             devices = p.devices,
                             written = p.written,

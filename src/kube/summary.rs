@@ -5,6 +5,7 @@
 //! GPUs do (zero writes at steady state).
 
 use crate::frag::{GpuFrag, NodeFrag};
+use crate::health::HealthBook;
 use crate::observed::GpuState;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -18,8 +19,26 @@ pub struct Summary {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// Builds the summary of the observed GPUs.
-pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, configured_workload: bool) -> Summary {
+/// Takes the capacity of unhealthy GPUs out of their figures: nothing creatable, not a free
+/// whole GPU, no unallocated capacity (what schedulers and the controller read).
+pub fn fence(frags: &mut [GpuFrag], book: &HealthBook) {
+    for f in frags.iter_mut().filter(|f| book.is_unhealthy(f.index)) {
+        f.profiles.iter_mut().for_each(|p| p.creatable = 0);
+        (f.largest_creatable, f.largest_creatable_slices) = (None, 0);
+        (f.whole_free, f.idle_without_mig) = (false, false);
+        (f.unallocated_gpus, f.fragmented_gpus) = (0.0, 0.0);
+    }
+}
+
+/// Builds the summary of the observed GPUs (`frags` already [`fence`]d); an unhealthy GPU
+/// carries `"unhealthy": "<reason>"`.
+pub fn summarize(
+    states: &[GpuState],
+    frags: &[GpuFrag],
+    node: &NodeFrag,
+    configured_workload: bool,
+    fenced: &HealthBook,
+) -> Summary {
     let gpus: Vec<serde_json::Value> = states
         .iter()
         .zip(frags)
@@ -58,6 +77,9 @@ pub fn summarize(states: &[GpuState], frags: &[GpuFrag], node: &NodeFrag, config
                 g["frag"] = json!((f.expected_fragmentation_ratio * 1000.0).round() / 1000.0);
             } else {
                 g["busy"] = json!(!f.idle_without_mig);
+            }
+            if let Some(u) = fenced.unhealthy().get(&s.info.index) {
+                g["unhealthy"] = json!(u.reason);
             }
             g
         })

@@ -132,6 +132,8 @@ const CLEARED_ENV: &[&str] = &[
     "GPUPART_MPS_ROOT",
     "GPUPART_MPS_CONTROL",
     "GPUPART_POD_RESOURCES_SOCKET",
+    "GPUPART_HEALTH_FILE",
+    "GPUPART_IGNORE_XIDS",
     "GPUPART_SIMULATE",
     "GPUPART_SIM_STATE",
     "MIG_PARTED_CONFIG_FILE",
@@ -200,6 +202,7 @@ impl Node {
         c.env("RUST_LOG", "warn").env("GPUPART_MPS_SHM_SIZE", "0");
         c.env("GPUPART_MPS_ROOT", self.mps_root()).env("GPUPART_MPS_CONTROL", fake_mps_control());
         c.env("GPUPART_POD_RESOURCES_SOCKET", self.pod_resources_socket());
+        c.env("GPUPART_HEALTH_FILE", self.health_file());
         match self.backend {
             Backend::Sim => {
                 c.args(["--sim-state", self.state.to_str().unwrap()]);
@@ -214,6 +217,11 @@ impl Node {
             c.env(k, v);
         }
         c
+    }
+
+    /// The node's record of unhealthy GPUs (`--health-file`).
+    pub fn health_file(&self) -> PathBuf {
+        self.dir.path().join("health.json")
     }
 
     /// The node's PodResources socket (absent unless a test serves it).

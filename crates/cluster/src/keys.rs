@@ -13,6 +13,9 @@ pub const STATE_LAYOUT: &str = "gpupart.io/state-layout";
 pub const SIMULATED: &str = "gpupart.io/simulated";
 /// Annotation a user sets to let the next change destroy busy instances; removed after use.
 pub const FORCE: &str = "gpupart.io/force-reconfigure";
+/// Annotation an operator sets to bring unhealthy GPUs back (`1,3` or `all`); the agent removes
+/// it once read.
+pub const RECOVER_GPUS: &str = "gpupart.io/recover-gpus";
 /// Field manager of every agent write.
 pub const FIELD_MANAGER: &str = "gpupart";
 /// Annotation listing the GPU-client labels this agent paused (so a restarted agent restores them).

@@ -108,13 +108,17 @@ pub fn fault(kind: EventKind, policy: &XidPolicy) -> Option<String> {
 }
 
 /// An unhealthy GPU: the first fault seen, when, and how many since.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Unhealthy {
     /// The first fault (`XID 79`).
     pub reason: String,
     /// Its XID, when it was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid: Option<u64>,
-    /// The MIG instance the first fault named, when it named one.
+    /// The MIG instance the first fault named, when it named one: (GPU instance, compute
+    /// instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<(u32, u32)>,
     /// When the first fault was seen.
     pub since: i64,
@@ -162,6 +166,53 @@ impl HealthBook {
     pub fn unhealthy(&self) -> &BTreeMap<u32, Unhealthy> {
         &self.gpus
     }
+
+    /// The record file's text (docs/health.md): `{"version": 1, "unhealthy": {"1": {...}}}`.
+    pub fn to_file(&self) -> String {
+        let doc = RecordFile { version: RECORD_VERSION, unhealthy: self.gpus.clone() };
+        let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+
+    /// Reads a record file's text; the error says what is wrong with it.
+    pub fn from_file(text: &str) -> Result<Self, String> {
+        let doc: RecordFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if doc.version != RECORD_VERSION {
+            return Err(format!("version {} (this gpupart reads version {RECORD_VERSION})", doc.version));
+        }
+        Ok(Self { gpus: doc.unhealthy })
+    }
+}
+
+/// The record file's format version.
+pub const RECORD_VERSION: u32 = 1;
+
+/// The record file: unhealthy GPUs by NVML index.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordFile {
+    version: u32,
+    #[serde(default)]
+    unhealthy: BTreeMap<u32, Unhealthy>,
+}
+
+/// Which GPUs an operator names: `1,3` or `all` (of the unhealthy ones in `book`); the error
+/// names the item that is not a GPU index.
+pub fn parse_gpus(text: &str, book: &HealthBook) -> Result<Vec<u32>, String> {
+    if text.trim() == "all" {
+        return Ok(book.gpus.keys().copied().collect());
+    }
+    let mut out: Vec<u32> = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        out.push(item.parse().map_err(|_| format!("'{item}' is not a GPU index (use `1,3` or `all`)"))?);
+    }
+    if out.is_empty() {
+        return Err("no GPU named (use `1,3` or `all`)".into());
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -127,14 +127,14 @@ pub fn ledger(
         Phase::Reconfiguring(_) => layout_specs(node, model, config),
         _ => None,
     };
-    for (k, g) in node.gpus.iter().enumerate() {
+    for (k, g) in node.gpus.iter().enumerate().filter(|(_, g)| g.unhealthy.is_none()) {
         match target.as_ref().and_then(|t| t.get(k)) {
             Some(spec) => add(&mut l.offered, &spec_offers(spec)),
             None => add(&mut l.offered, &current_offers(g)),
         }
     }
     let mut busy = Counts::new();
-    for g in &node.gpus {
+    for g in node.gpus.iter().filter(|g| g.unhealthy.is_none()) {
         add(&mut busy, &busy_units(g));
     }
     let mut bound = Counts::new();

@@ -797,6 +797,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         );
         out.not_served.push(NotServed { key: p.key.clone(), reason, kind: "reserved" });
     }
+    let fenced_note = fenced_words(&cands);
     for p in unmet {
         let (kind, reason) = match reserved_for.get(&p.key) {
             Some(&i) => (
@@ -810,6 +811,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             ),
             None => why_not(p, &cands, &changeable, &taken, reconfiguring, &placed, opts),
         };
+        let reason = format!("{reason}{fenced_note}");
         out.not_served.push(NotServed { key: p.key.clone(), reason, kind });
     }
     out
@@ -876,13 +878,13 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools
     if !open || !c.ledger.pods.is_empty() || c.ledger.assigned.values().any(|n| *n > 0) {
         return None;
     }
-    if c.gpus.iter().any(CurrentGpu::any_busy) {
+    if c.gpus.iter().filter(|g| g.unhealthy.is_none()).any(CurrentGpu::any_busy) {
         return None;
     }
     let mut tp: Vec<&GpuPod> = unmet.iter().copied().filter(|p| p.is_tensor_parallel()).collect();
     tp.sort_by_key(|p| p.queue_order());
     let (labels, taints) = pools.once_dedicated(&c.node.labels, &c.node.taints);
-    let mut left = c.gpus.len() as u32;
+    let mut left = c.gpus.iter().filter(|g| g.unhealthy.is_none()).count() as u32;
     let mut served: Vec<&GpuPod> = Vec::new();
     for p in tp {
         if p.count > left {
@@ -900,20 +902,40 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools
     if served.is_empty() {
         return None;
     }
-    let destroyed: u32 = c.gpus.iter().map(|g| g.instances.len() as u32 + u32::from(g.mps_slots.is_some())).sum();
+    let healthy = || c.gpus.iter().filter(|g| g.unhealthy.is_none());
+    let destroyed: u32 = healthy().map(|g| g.instances.len() as u32 + u32::from(g.mps_slots.is_some())).sum();
     Some(Decision {
         node: c.node.name.clone(),
         kind: Kind::Dedicate,
         model: c.model,
-        specs: vec![GpuSpec::Off; c.gpus.len()],
+        // An unhealthy GPU keeps its setting (the agent leaves it as it is).
+        specs: c.gpus.iter().map(|g| if g.unhealthy.is_some() { observed_spec(g) } else { GpuSpec::Off }).collect(),
         restore: None,
         pods: served.iter().map(|p| p.key.clone()).collect(),
         destroyed,
         created: 0,
         frag: 0.0,
-        change: format!("dedicated: {} whole GPUs, {destroyed} idle instance(s) torn down", c.gpus.len()),
+        change: format!("dedicated: {} whole GPUs, {destroyed} idle instance(s) torn down", healthy().count()),
         room: None,
     })
+}
+
+/// `; unhealthy GPUs offer nothing: node-a GPU 1 (XID 79)` when candidates have unhealthy GPUs.
+fn fenced_words(cands: &[Candidate]) -> String {
+    let fenced: Vec<String> = cands
+        .iter()
+        .flat_map(|c| {
+            c.node
+                .gpus
+                .iter()
+                .filter_map(|g| g.unhealthy.as_ref().map(|r| format!("{} GPU {} ({r})", c.node.name, g.index)))
+        })
+        .collect();
+    match fenced.len() {
+        0 => String::new(),
+        n if n > 3 => format!("; unhealthy GPUs offer nothing: {} and {} more", fenced[..3].join(", "), n - 3),
+        _ => format!("; unhealthy GPUs offer nothing: {}", fenced.join(", ")),
+    }
 }
 
 fn what(p: &GpuPod) -> String {

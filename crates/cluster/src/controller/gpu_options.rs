@@ -34,9 +34,12 @@ pub struct GpuOption {
     pub change: Vec<String>,
 }
 
-/// What the GPU offers as it is.
+/// What the GPU offers as it is (nothing while it is unhealthy).
 pub fn current_offers(gpu: &CurrentGpu) -> Counts {
     let mut c = Counts::new();
+    if gpu.unhealthy.is_some() {
+        return c;
+    }
     if gpu.mig {
         for i in &gpu.instances {
             *c.entry(Resource::Mig(i.profile.clone())).or_default() += 1;
@@ -161,7 +164,8 @@ pub fn options(
         frag: if gpu.mig { frag_of(&occ_today) } else { 0.0 },
         change: Vec::new(),
     }];
-    if gpu.any_busy() && !gpu.mig {
+    // An unhealthy GPU stays as it is; a GPU in use without MIG keeps its setting.
+    if gpu.unhealthy.is_some() || (gpu.any_busy() && !gpu.mig) {
         return Ok(out);
     }
     let before: BTreeMap<String, u32> = mig_counts(gpu.instances.iter().map(|i| &i.profile)).into_iter().collect();

@@ -725,3 +725,39 @@ mod defrag_props {
         }
     }
 }
+
+#[test]
+fn an_unhealthy_gpu_offers_nothing_is_never_changed_and_the_explanation_says_so() {
+    let fence = |mut n: GpuNode, gpu: usize| {
+        n.gpus[gpu].unhealthy = Some("XID 79".into());
+        n
+    };
+    // GPU 1 has a free 3g.40gb and room: healthy, the pod would be placed there as it is.
+    let healthy = vec![node("gpu-a", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0"])];
+    let pods = vec![pod("p", mig("3g.40gb"), 1, 1)];
+    assert_eq!(run(&healthy, &pods, &Options::default()).placeable, 1);
+    // Fenced, it offers nothing and no layout of it is considered.
+    let fenced = vec![fence(healthy[0].clone(), 1)];
+    let out = run(&fenced, &pods, &Options::default());
+    assert_eq!((out.placeable, out.decisions.len()), (0, 0), "{out:#?}");
+    let why = &out.not_served[0].reason;
+    assert!(why.ends_with("; unhealthy GPUs offer nothing: gpu-a GPU 1 (XID 79)"), "{why}");
+    // A 1g.10gb pod: on the healthy node GPU 1 would be repartitioned; fenced, nothing changes.
+    let small = vec![pod("s", mig("1g.10gb"), 1, 1)];
+    assert_eq!(run(&healthy, &small, &Options::default()).decisions.len(), 1);
+    assert!(run(&fenced, &small, &Options::default()).decisions.is_empty());
+    // A tensor-parallel node: the unhealthy GPU does not count, and keeps its setting.
+    let idle = vec![fence(node("gpu-b", &["", "", "3g.40gb@0"]), 2)];
+    let tp = |n: u32| {
+        let mut p = pod("tp", Resource::Gpu, n, 1);
+        p.dedicated = true;
+        p
+    };
+    assert!(run(&idle, &[tp(3)], &Options::default()).decisions.is_empty(), "3 GPUs, one unhealthy");
+    let out = run(&idle, &[tp(2)], &Options::default());
+    assert_eq!(out.decisions.len(), 1, "{out:#?}");
+    let d = &out.decisions[0];
+    assert_eq!(d.kind, Kind::Dedicate);
+    assert_eq!(d.specs[2], GpuSpec::Mig(vec![("3g.40gb".into(), 1)]));
+    assert_eq!(d.change, "dedicated: 2 whole GPUs, 0 idle instance(s) torn down");
+}

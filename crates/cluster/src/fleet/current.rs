@@ -33,6 +33,8 @@ pub struct CurrentGpu {
     pub busy: bool,
     /// Client slots of its MPS daemon, when one serves it.
     pub mps_slots: Option<u32>,
+    /// Why the agent fenced it (`XID 79`), when it did: it offers nothing and does not change.
+    pub unhealthy: Option<String>,
 }
 
 impl CurrentGpu {
@@ -83,7 +85,8 @@ pub fn from_status(node: &str, doc: &Value) -> Result<Vec<CurrentGpu>, InputErro
             let clients = g["mps"]["clients"].as_array().is_some_and(|a| !a.is_empty());
             let busy = !mig && (listed("processes") || listed("pods") || clients);
             let mps_slots = g["mps"]["replicas"].as_u64().map(|n| n as u32);
-            Ok(CurrentGpu { index, model, mig, instances, busy, mps_slots })
+            let unhealthy = g["unhealthy"]["reason"].as_str().map(str::to_string);
+            Ok(CurrentGpu { index, model, mig, instances, busy, mps_slots, unhealthy })
         })
         .collect()
 }
@@ -125,7 +128,8 @@ pub fn from_annotation(node: &str, text: &str) -> Result<Vec<CurrentGpu>, InputE
                 _ => g["busy"].as_bool().unwrap_or(false),
             };
             let mps_slots = g["slots"].as_u64().filter(|_| mode == "mps").map(|n| n as u32);
-            Ok(CurrentGpu { index, model, mig: mode == "mig", instances, busy, mps_slots })
+            let unhealthy = g["unhealthy"].as_str().map(str::to_string);
+            Ok(CurrentGpu { index, model, mig: mode == "mig", instances, busy, mps_slots, unhealthy })
         })
         .collect()
 }

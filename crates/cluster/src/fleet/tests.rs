@@ -517,6 +517,7 @@ fn gpu(index: u32, model: &str, layout: &[(&str, u32, bool)]) -> current::Curren
             .collect(),
         busy: false,
         mps_slots: None,
+        unhealthy: None,
     }
 }
 
@@ -655,7 +656,7 @@ proptest! {
                     .zip(busy)
                     .map(|((id, pl), b)| current::CurrentInstance { profile: t.by_id(*id).unwrap().name.clone(), start: pl.start, busy: *b && k == 0 })
                     .collect();
-                current::CurrentGpu { index: k as u32, model: M.into(), mig: true, instances, busy: false, mps_slots: None }
+                current::CurrentGpu { index: k as u32, model: M.into(), mig: true, instances, busy: false, mps_slots: None, unhealthy: None }
             })
             .collect();
         let names = ["1g.10gb", "2g.20gb", "3g.40gb"];

@@ -77,6 +77,10 @@ pub trait GpuBackend: Send + Sync {
         let _ = timeout;
         Err(BackendError::Unavailable(format!("{} serves no NVML events", self.describe())))
     }
+    /// Whether [`GpuBackend::next_event`] serves events.
+    fn serves_events(&self) -> bool {
+        false
+    }
     /// True when the GPUs are simulated: nothing real is read or changed.
     fn is_simulated(&self) -> bool {
         false

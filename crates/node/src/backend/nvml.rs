@@ -251,8 +251,18 @@ impl GpuBackend for NvmlBackend {
             Ok((d, gpu)) => Ok(super::stamped(gpu, d.eventType, d.eventData, d.gpuInstanceId, d.computeInstanceId)),
             // NVML_ERROR_TIMEOUT: nothing came.
             Err(e) if e.code == 10 => Ok(None),
-            Err(e) => Err(self.err(0, e)),
+            Err(e) => {
+                // The set is made again (every GPU registered again) at the next call.
+                if let Some(set) = events.take() {
+                    let _ = raw.event_set_free(set.0);
+                }
+                Err(self.err(0, e))
+            }
         }
+    }
+
+    fn serves_events(&self) -> bool {
+        true
     }
 
     fn describe(&self) -> String {

@@ -26,6 +26,8 @@ pub struct GpuOptions {
     pub mps_shm_size: String,
     /// `--pod-resources-socket`.
     pub pod_resources_socket: PathBuf,
+    /// `--health-file`: the record of unhealthy GPUs.
+    pub health_file: PathBuf,
     /// `-d`: debug logs (also passed to hooks).
     pub debug: bool,
     /// Invoked as `nvidia-mig-parted`: mig-parted's answers where the two differ.

@@ -238,6 +238,9 @@ impl GpuBackend for SimBackend {
         }
     }
 
+    fn serves_events(&self) -> bool {
+        true
+    }
     fn is_simulated(&self) -> bool {
         true
     }

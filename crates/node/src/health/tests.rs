@@ -47,3 +47,21 @@ fn the_first_fault_marks_a_gpu_until_it_is_recovered_and_unknown_gpus_are_refuse
     let again = book.record(&mig, &known, &p).unwrap().cloned().expect("fenced again");
     assert_eq!(again.instance, Some((3, 0)));
 }
+
+#[test]
+fn the_record_file_reads_back_and_names_what_is_wrong() {
+    let p = XidPolicy::default();
+    let mut book = HealthBook::default();
+    book.record(&xid(1, 79, 11), &[0, 1], &p).unwrap();
+    let mig = GpuEvent { gpu: 0, kind: EventKind::DoubleBitEcc, instance: Some((3, 0)), at: 12 };
+    book.record(&mig, &[0, 1], &p).unwrap();
+    let text = book.to_file();
+    assert_eq!(HealthBook::from_file(&text), Ok(book.clone()));
+    assert!(text.contains("\"reason\": \"XID 79\""), "{text}");
+    assert!(HealthBook::from_file(r#"{"version": 2}"#).unwrap_err().contains("version 2"));
+    assert!(HealthBook::from_file(r#"{"version": 1, "gpus": {}}"#).unwrap_err().contains("gpus"));
+    assert_eq!(parse_gpus("all", &book), Ok(vec![0, 1]));
+    assert_eq!(parse_gpus(" 3, 1,1", &book), Ok(vec![1, 3]));
+    assert!(parse_gpus("1,x", &book).unwrap_err().contains("'x'"));
+    assert!(parse_gpus(" ", &book).is_err());
+}
