@@ -205,7 +205,7 @@ impl Node {
     /// (the allocated devices stay listed, so their counters stay accounted), counting the slice
     /// writes it takes.
     fn publish(&mut self, offered: &[DeviceRef]) {
-        let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &BTreeMap::new());
+        let slices = content(DRIVER, NODE, 1, &self.gpus, offered, &BTreeMap::new(), &BTreeMap::new());
         let slices = keep_unchanged(&self.current, slices, &names(&self.gpus, offered));
         self.writes += write_plan(&self.current, &slices).len();
         self.current = slices.iter().map(|s| (s.name.clone(), s.spec.clone())).collect();

@@ -702,6 +702,32 @@ pub struct AgentArgs {
     /// separated; `-43` fences on XID 43 after all (docs/health.md) [env: GPUPART_IGNORE_XIDS].
     #[arg(long, value_name = "LIST", env = "GPUPART_IGNORE_XIDS", default_value = "", value_parser = xid_policy, allow_hyphen_values = true)]
     pub ignore_xids: gpupart_node::health::XidPolicy,
+    /// The effect of the `<driver-name>/unhealthy` taint on every device of an unhealthy GPU
+    /// (`agent --dra`): `NoSchedule` keeps new claims off it, `NoExecute` also evicts the pods
+    /// using it.
+    #[arg(long, value_enum, default_value_t = TaintEffect::NoSchedule)]
+    pub health_taint_effect: TaintEffect,
+}
+
+/// A device taint's effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TaintEffect {
+    /// No new allocation of the device.
+    #[value(name = "NoSchedule")]
+    NoSchedule,
+    /// No new allocation, and the pods using it are evicted.
+    #[value(name = "NoExecute")]
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
 }
 
 /// `--ignore-xids`.
@@ -733,6 +759,8 @@ impl AgentArgs {
             dra_state_dir: self.dra_state_dir.clone(),
             watch_claims: self.watch_claims,
             lock_file: self.lock_file.clone(),
+            ignore_xids: self.ignore_xids.clone(),
+            health_taint_effect: self.health_taint_effect.as_str(),
             metrics_addr: self.metrics_addr,
             http_max_connections: self.http_max_connections,
             http_timeout: self.http_timeout,

@@ -3,8 +3,8 @@
 //! annotation (`gpupart.io/recover-gpus: 1,3` or `all`) is read and removed.
 
 use super::report::Notice;
+use crate::gpu_health::describe;
 use crate::gpu_health::watch::Change;
-use crate::gpu_health::{describe, GpuHealth};
 
 /// The Event announcing `change`.
 pub fn notice(change: &Change) -> Notice {
@@ -23,16 +23,4 @@ pub fn notice(change: &Change) -> Notice {
             }
         }
     }
-}
-
-/// Acts on the recovery annotation's value: the change when it named unhealthy GPUs, `None` when
-/// it named none of them, the error naming a value that does not read.
-pub fn recover(value: &str, health: &GpuHealth) -> Result<Option<Change>, String> {
-    let gpus = crate::health::parse_gpus(value, &health.snapshot())
-        .map_err(|e| format!("annotation {}='{value}': {e}", crate::kube::keys::RECOVER_GPUS))?;
-    let back = health.recover(&gpus);
-    Ok((!back.is_empty()).then(|| Change::Recovered {
-        gpus: back,
-        why: format!("the operator's annotation {}", crate::kube::keys::RECOVER_GPUS),
-    }))
 }

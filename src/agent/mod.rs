@@ -275,12 +275,8 @@ fn read_desired(mode: &Mode, a: &AgentArgs, config: &ConfigSource) -> Option<(re
 
 /// Removes a request annotation (force, recovery) once acted on.
 async fn clear_annotation(mode: &Mode, key: &str) {
-    let Mode::Kube { client, node, .. } = mode else { return };
-    let api: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
-    let patch = serde_json::json!({ "metadata": { "annotations": { key: null } } });
-    let pp = crate::kube::keys::merge_params();
-    if let Err(e) = api.patch_metadata(node, &pp, &::kube::api::Patch::Merge(&patch)).await {
-        tracing::warn!(error = %e, annotation = key, "removing the annotation failed");
+    if let Mode::Kube { client, node, .. } = mode {
+        crate::kube::node::remove_annotation(client, node, key).await;
     }
 }
 
@@ -396,7 +392,7 @@ async fn async_main(
             }
         }
         if let Some(value) = recovery_request(&mode) {
-            match fence::recover(&value, &gpu_health) {
+            match crate::gpu_health::recover_request(&value, &gpu_health) {
                 Ok(Some(change)) => {
                     announce(&change, last_status.as_ref(), &reporter);
                     advertise(plugin.as_ref(), &supervisor, &mps, &gpu_health);

@@ -71,6 +71,10 @@ pub struct DraOptions {
     pub mps_policy: gpupart_node::dra::publish::MpsPolicy,
     /// MIG-capable GPUs have an MPS device too.
     pub mps_on_mig: bool,
+    /// Which XIDs are an application's (`--ignore-xids`).
+    pub ignore_xids: gpupart_node::health::XidPolicy,
+    /// The unhealthy taint's effect (`--health-taint-effect`).
+    pub health_taint_effect: &'static str,
 }
 
 /// Runs the DRA plugin until SIGTERM or SIGINT.
@@ -84,6 +88,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
     let simulated = raw.is_simulated();
     let metrics = Arc::new(crate::metrics::Metrics::for_dra(simulated));
     let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
+    let gpu_health = Arc::new(crate::gpu_health::GpuHealth::load(&g.health_file, a.ignore_xids.clone()));
     let cfg = DriverConfig {
         pool: node.clone(),
         cdi_dir: a.cdi_dir.clone(),
@@ -119,7 +124,8 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         publisher.catalog.mps = a.mps_policy;
         publisher.catalog.mps_on_mig = a.mps_on_mig;
         let (node_changed, mut node_changes) = tokio::sync::mpsc::channel::<()>(8);
-        let keys = vec![gpupart_node::dra::reservation::ANNOTATION.to_string()];
+        let keys =
+            vec![gpupart_node::dra::reservation::ANNOTATION.to_string(), crate::kube::keys::RECOVER_GPUS.to_string()];
         let node_view = crate::kube::NodeWatch::spawn(client.clone(), &node, keys, node_changed);
         let dra = Arc::new(DraNode {
             backend: backend.clone(),
@@ -142,11 +148,35 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             ),
             node_view,
             bad_reservation: Mutex::default(),
+            health: gpu_health.clone(),
+            taint_effect: a.health_taint_effect,
         });
-        // A reservation written or removed on the node republishes at once.
-        let wake = dra.republish.clone();
+        // A reservation written or removed on the node republishes at once; so does an operator's
+        // recovery of unhealthy GPUs (the annotation is removed once read).
+        let me = dra.clone();
         tokio::spawn(async move {
             while node_changes.recv().await.is_some() {
+                let request = me.node_view.view().annotations.get(crate::kube::keys::RECOVER_GPUS).cloned();
+                if let Some(value) = request {
+                    match crate::gpu_health::recover_request(&value, &me.health) {
+                        Ok(Some(c)) => tracing::info!(change = ?c, "GPUs recovered"),
+                        Ok(None) => tracing::info!(value, "the recovery annotation names no unhealthy GPU"),
+                        Err(e) => tracing::warn!("{e}"),
+                    }
+                    crate::kube::node::remove_annotation(&me.client, &me.node, crate::kube::keys::RECOVER_GPUS).await;
+                }
+                me.republish.notify_one();
+            }
+        });
+        // Every change of the GPUs' health republishes at once.
+        let (htx, mut hrx) = tokio::sync::mpsc::channel(16);
+        crate::gpu_health::watch::spawn(
+            crate::gpu_health::watch::Watcher::new(backend.clone(), gpu_health.clone(), metrics.clone()),
+            htx,
+        );
+        let wake = dra.republish.clone();
+        tokio::spawn(async move {
+            while hrx.recv().await.is_some() {
                 wake.notify_one();
             }
         });

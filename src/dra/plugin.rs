@@ -47,6 +47,10 @@ pub struct DraNode {
     pub node_view: crate::kube::NodeWatch,
     /// The last reservation annotation that could not be used, and why (logged once).
     pub bad_reservation: Mutex<Option<String>>,
+    /// The record of unhealthy GPUs (their devices are tainted and not prepared).
+    pub health: Arc<crate::gpu_health::GpuHealth>,
+    /// The unhealthy taint's effect.
+    pub taint_effect: &'static str,
 }
 
 impl DraNode {
@@ -65,6 +69,8 @@ impl DraNode {
         let me = self.clone();
         let granted = tokio::task::spawn_blocking(move || {
             let mut d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
+            let book = me.health.snapshot();
+            d.fence(book.unhealthy().iter().map(|(g, u)| (*g, u.reason.clone())).collect());
             d.prepare(me.backend.as_ref(), &wanted)
         })
         .await
@@ -213,7 +219,17 @@ pub async fn publish_loop(
         match computed {
             Ok(Ok((states, offered, unavailable, prepared, shares))) => {
                 let gpus = publisher.catalog.gpus(&states, &publisher.driver_version);
-                match publisher.publish(&gpus, &offered, &unavailable).await {
+                let book = node.health.snapshot();
+                let fenced: std::collections::BTreeMap<u32, _> = book
+                    .unhealthy()
+                    .iter()
+                    .map(|(g, u)| {
+                        let value = gpupart_node::health::taint_value(u);
+                        (*g, gpupart_node::dra::publish::unhealthy_taint(&node.driver_name, &value, node.taint_effect))
+                    })
+                    .collect();
+                node.metrics.health().show(&book, states.len() as u32);
+                match publisher.publish(&gpus, &offered, &unavailable, &fenced).await {
                     Ok(p) => {
                         outage.ok();
                         health.beat();
@@ -231,14 +247,10 @@ pub async fn publish_loop(
                                 gpupart_node::frag::count_mps_slots(f, clients, g.shares.min(clients));
                             }
                         }
+                        crate::kube::summary::fence(&mut frags, &book);
                         let totals = gpupart_node::frag::node_frag(&frags);
-                        node.summaries.publish_summary(crate::kube::summary::summarize(
-                            &states,
-                            &frags,
-                            &totals,
-                            false,
-                            &Default::default(),
-                        ));
+                        node.summaries
+                            .publish_summary(crate::kube::summary::summarize(&states, &frags, &totals, false, &book));
                         tracing::debug!(
                             devices = p.devices,
                             written = p.written,

@@ -117,16 +117,17 @@ impl Publisher {
         Ok(())
     }
 
-    /// Publishes every device, `offered` first (in order) within each group and `unavailable`
-    /// ones tainted: rewrites changed slices in place, bumps the generation when the set of
+    /// Publishes every device, `offered` first (in order) within each group, `unavailable` ones
+    /// and those of `fenced` (unhealthy) GPUs tainted: rewrites changed slices in place, bumps the generation when the set of
     /// slices changes, deletes stale ones.
     pub async fn publish(
         &mut self,
         gpus: &[PublishedGpu],
         offered: &[DeviceRef],
         unavailable: &BTreeMap<DeviceRef, String>,
+        fenced: &BTreeMap<u32, gpupart_node::dra::slices::DeviceTaint>,
     ) -> anyhow::Result<Published> {
-        let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, unavailable);
+        let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, unavailable, fenced);
         let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));
         if !same_set || self.generation == 0 {
             self.generation += 1;

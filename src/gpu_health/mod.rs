@@ -117,6 +117,18 @@ impl GpuHealth {
     }
 }
 
+/// Acts on an operator's recovery request (`1,3` or `all`, the `gpupart.io/recover-gpus`
+/// annotation): the change when it named unhealthy GPUs, `None` when it named none of them, the
+/// error naming a value that does not read.
+pub fn recover_request(value: &str, health: &GpuHealth) -> Result<Option<watch::Change>, String> {
+    let key = crate::kube::keys::RECOVER_GPUS;
+    let gpus =
+        crate::health::parse_gpus(value, &health.snapshot()).map_err(|e| format!("annotation {key}='{value}': {e}"))?;
+    let back = health.recover(&gpus);
+    Ok((!back.is_empty())
+        .then(|| watch::Change::Recovered { gpus: back, why: format!("the operator's annotation {key}") }))
+}
+
 /// One line about an unhealthy GPU for status reasons, Events and explanations:
 /// `GPU 1 is unhealthy (XID 79 on MIG instance 3/0, 2 faults)`.
 pub fn describe(gpu: u32, u: &Unhealthy) -> String {

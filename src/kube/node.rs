@@ -90,3 +90,13 @@ impl NodeWatch {
         this
     }
 }
+
+/// Removes a request annotation from Node `node` once it was acted on (logged when it fails).
+pub async fn remove_annotation(client: &kube::Client, node: &str, key: &str) {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let patch = serde_json::json!({ "metadata": { "annotations": { key: null } } });
+    let pp = crate::kube::keys::merge_params();
+    if let Err(e) = api.patch_metadata(node, &pp, &kube::api::Patch::Merge(&patch)).await {
+        tracing::warn!(error = %e, annotation = key, "removing the annotation failed");
+    }
+}

@@ -185,6 +185,16 @@ impl HealthBook {
     }
 }
 
+/// The fault as a device taint's value (a label value: `xid-79`, `ecc-double-bit`, `gpu-lost`).
+pub fn taint_value(u: &Unhealthy) -> String {
+    match (u.xid, u.reason.as_str()) {
+        (Some(x), _) => format!("xid-{x}"),
+        (None, r) if r.contains("ECC") => "ecc-double-bit".into(),
+        (None, r) if r.contains("lost") => "gpu-lost".into(),
+        _ => "fault".into(),
+    }
+}
+
 /// The record file's format version.
 pub const RECORD_VERSION: u32 = 1;
 

@@ -104,6 +104,8 @@ pub enum Reason {
     Files,
     /// The GPU's MPS daemon could not be started (or MPS is not set up).
     Mps,
+    /// The device's GPU is unhealthy (an NVML event fenced it).
+    Unhealthy,
 }
 
 impl Reason {
@@ -117,6 +119,7 @@ impl Reason {
             Reason::Nvml => "nvml",
             Reason::Files => "files",
             Reason::Mps => "mps",
+            Reason::Unhealthy => "unhealthy",
         }
     }
 }
@@ -155,6 +158,8 @@ pub struct Driver {
     mps: Option<crate::mps::Mps>,
     /// MIG-capable GPUs have an MPS device too (`--dra-mps-on-mig-gpus`).
     mps_on_mig: bool,
+    /// Unhealthy GPUs and why: their devices are not prepared.
+    fenced: BTreeMap<u32, String>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -191,7 +196,7 @@ impl Driver {
     /// Loads the checkpoint from the state directory.
     pub fn open(cfg: DriverConfig) -> Result<Self, CheckpointError> {
         let checkpoint = Checkpoint::load(&cfg.state_dir.join("checkpoint.json"))?;
-        Ok(Self { cfg, checkpoint, mps: None, mps_on_mig: false })
+        Ok(Self { cfg, checkpoint, mps: None, mps_on_mig: false, fenced: BTreeMap::new() })
     }
 
     /// Gives MIG-capable GPUs an MPS device too: shared while idle with MIG off, the first share
@@ -204,6 +209,11 @@ impl Driver {
     /// Whether GPU `s` has an MPS device.
     pub fn has_mps_device(&self, s: &GpuState) -> bool {
         super::devices::has_mps_device(&s.info, &s.profiles, self.mps_on_mig)
+    }
+
+    /// The unhealthy GPUs (and why) whose devices Prepare refuses.
+    pub fn fence(&mut self, unhealthy: BTreeMap<u32, String>) {
+        self.fenced = unhealthy;
     }
 
     /// Serves MPS shares through `mps` (without it, a share's Prepare fails saying so).
@@ -304,6 +314,12 @@ impl Driver {
         }
         let states = backend.observe_all().map_err(|e| fail(Reason::Nvml, format!("reading the GPUs: {e}")))?;
         let devices = self.validate(claim, &states).map_err(|(r, m)| fail(r, m))?;
+        if let Some((d, why)) = devices.iter().find_map(|d| self.fenced.get(&d.gpu).map(|w| (d, w))) {
+            return Err(fail(
+                Reason::Unhealthy,
+                format!("device {} is on GPU {}, which is unhealthy ({why})", d.device, d.gpu),
+            ));
+        }
         let entry = ClaimEntry {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),

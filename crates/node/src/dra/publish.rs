@@ -267,12 +267,24 @@ pub fn unavailable_taint(driver: &str, why: &str) -> DeviceTaint {
     }
 }
 
+/// The taint every device of an unhealthy GPU carries: `<driver>/unhealthy`, the fault in its
+/// value (`xid-79`), `NoSchedule` (no new allocation) or `NoExecute` (pods using it are evicted).
+pub fn unhealthy_taint(driver: &str, value: &str, effect: &str) -> DeviceTaint {
+    DeviceTaint {
+        key: format!("{driver}/unhealthy"),
+        value: Some(value.to_string()),
+        effect: effect.into(),
+        time_added: None,
+    }
+}
+
 /// The slices of a pool. Every device the GPUs could ever have is listed, each in its group's
 /// slice for good ([`groups`]), so no device the scheduler may be allocating right now ever
 /// leaves the pool or moves: within a group, the `offered` devices (those that can be created
 /// now) come first in their given order, then the rest in canonical order; the counters refuse
 /// what allocated devices block, and a device in `unavailable` (blocked by what the counters do
-/// not count: another tool's instance, processes) carries a `NoSchedule` taint saying why.
+/// not count: another tool's instance, processes) carries a `NoSchedule` taint saying why, and
+/// every device of a GPU in `fenced` carries that GPU's taint ([`unhealthy_taint`]).
 pub fn content(
     driver: &str,
     node: &str,
@@ -280,6 +292,7 @@ pub fn content(
     gpus: &[PublishedGpu],
     offered: &[DeviceRef],
     unavailable: &BTreeMap<DeviceRef, String>,
+    fenced: &BTreeMap<u32, DeviceTaint>,
 ) -> Vec<Slice> {
     let rank: HashMap<DeviceRef, usize> = offered.iter().enumerate().map(|(i, d)| (*d, i)).collect();
     let publish = |d: DeviceRef| {
@@ -287,6 +300,9 @@ pub fn content(
         let mut dev = device(g, d);
         if let Some(why) = unavailable.get(&d) {
             dev.taints.push(unavailable_taint(driver, why));
+        }
+        if let Some(t) = fenced.get(&d.gpu) {
+            dev.taints.push(t.clone());
         }
         Some(dev)
     };

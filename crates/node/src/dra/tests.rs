@@ -209,7 +209,7 @@ fn every_device_stays_listed_in_its_slice_whatever_the_occupancy() {
         let b = SimBackend::open(Some(&format!("{model}:{n}")), None).expect("simulator");
         let gpus = Catalog::default().gpus(&b.observe_all().expect("observe"), "550.54.15");
         let homes = |views: &[GpuView]| {
-            let slices = content("d", "n", 1, &gpus, &order(views), &unavailable(views, views));
+            let slices = content("d", "n", 1, &gpus, &order(views), &unavailable(views, views), &BTreeMap::new());
             let mut home: BTreeMap<String, String> = BTreeMap::new();
             for s in &slices {
                 assert!(s.spec.devices.len() <= MAX_DEVICES, "{model}: {} lists {}", s.name, s.spec.devices.len());
@@ -287,7 +287,7 @@ proptest! {
                     }
                 }
             }
-            let next = content("d", "n", 1, &gpus, &order(&views), &unavailable(&views, &views));
+            let next = content("d", "n", 1, &gpus, &order(&views), &unavailable(&views, &views), &BTreeMap::new());
             let plan = write_plan(&current, &next);
             let mut written: Vec<&str> = plan.iter().map(|s| s.name.as_str()).collect();
             written.sort_unstable();
