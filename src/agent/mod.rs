@@ -392,7 +392,7 @@ async fn async_main(
             }
         }
         if let Some(value) = recovery_request(&mode) {
-            match crate::gpu_health::recover_request(&value, &gpu_health) {
+            match crate::gpu_health::watch::recover_request(&value, &gpu_health) {
                 Ok(Some(change)) => {
                     announce(&change, last_status.as_ref(), &reporter);
                     advertise(plugin.as_ref(), &supervisor, &mps, &gpu_health);

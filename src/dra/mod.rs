@@ -158,7 +158,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             while node_changes.recv().await.is_some() {
                 let request = me.node_view.view().annotations.get(crate::kube::keys::RECOVER_GPUS).cloned();
                 if let Some(value) = request {
-                    match crate::gpu_health::recover_request(&value, &me.health) {
+                    match crate::gpu_health::watch::recover_request(&value, &me.health) {
                         Ok(Some(c)) => tracing::info!(change = ?c, "GPUs recovered"),
                         Ok(None) => tracing::info!(value, "the recovery annotation names no unhealthy GPU"),
                         Err(e) => tracing::warn!("{e}"),

@@ -2,9 +2,12 @@ use super::watch::{Change, Watcher};
 use super::*;
 use crate::backend::{BackendError, GpuBackend, ModeActivation};
 use crate::health::EventKind;
+use crate::health::{GpuEvent, XidPolicy};
 use crate::observed::{ComputeMode, GpuState};
 use std::collections::{BTreeSet, VecDeque};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Two simulated GPUs whose events and losses a test scripts; nothing is changed.

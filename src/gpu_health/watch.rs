@@ -3,7 +3,7 @@
 //! hands each change to the agent. A wait that fails is counted and retried (the backend
 //! registers its GPUs again); a GPU that is lost is fenced, and healthy again once it answers.
 
-use super::GpuHealth;
+use super::record::GpuHealth;
 use crate::backend::{BackendError, GpuBackend};
 use crate::health::{EventKind, GpuEvent, Unhealthy};
 use std::collections::BTreeSet;
@@ -30,6 +30,17 @@ pub enum Change {
         /// Who said so (`the operator's annotation`, `its reset was observed`).
         why: String,
     },
+}
+
+/// Acts on an operator's recovery request (`1,3` or `all`, the `gpupart.io/recover-gpus`
+/// annotation): the change when it named unhealthy GPUs, `None` when it named none of them, the
+/// error naming a value that does not read.
+pub fn recover_request(value: &str, health: &GpuHealth) -> Result<Option<Change>, String> {
+    let key = crate::kube::keys::RECOVER_GPUS;
+    let gpus =
+        crate::health::parse_gpus(value, &health.snapshot()).map_err(|e| format!("annotation {key}='{value}': {e}"))?;
+    let back = health.recover(&gpus);
+    Ok((!back.is_empty()).then(|| Change::Recovered { gpus: back, why: format!("the operator's annotation {key}") }))
 }
 
 /// What the loop works with.
