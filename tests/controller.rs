@@ -518,3 +518,37 @@ fn capacity_made_for_a_pod_counts_the_older_pod_the_controller_does_not_serve() 
     let changes = rig.api.events().iter().filter(|(o, r, _)| o == "gpu-a" && r == "Repartitioning").count();
     assert_eq!(changes, 1, "one change made room for both: {:?}", rig.api.events());
 }
+
+#[test]
+fn an_unhealthy_gpu_is_not_recut_and_the_waiting_pod_is_told_until_the_operator_recovers_it() {
+    let mut rig = Rig::start("A100-SXM4-80GB:1", &["gpu-a"], "all-3g.40gb");
+    rig.schedule();
+    let node = rig.nodes["gpu-a"].clone();
+    let mut s = node.load();
+    s.inject_event(0, gpupart::mig::sim::state::EVENT_XID, 79, None);
+    node.save(&s);
+    let gpus = |r: &Rig| {
+        let n = r.api.get("nodes", "", "gpu-a").unwrap();
+        n["metadata"]["annotations"]["gpupart.io/gpus"].as_str().unwrap_or_default().to_string()
+    };
+    rig.wait("the agent reports GPU 0 unhealthy", 30, |r| gpus(r).contains(r#""unhealthy":"XID 79""#));
+    let _c = rig.controller("c1", &[]);
+    rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
+    rig.wait("the pod is told why", 30, |r| {
+        r.api.events().iter().any(|(n, reason, note)| {
+            n == "small-0"
+                && reason == "NotServed"
+                && note.ends_with("unhealthy GPUs offer nothing: gpu-a GPU 0 (XID 79)")
+        })
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert_eq!(rig.api.node_label("gpu-a", LAYOUT).as_deref(), Some("all-3g.40gb"), "the fenced GPU is not re-cut");
+    assert_eq!(rig.pod("serving", "small-0").0, "Pending");
+    rig.api.change(|s| {
+        let key = ("nodes".to_string(), String::new(), "gpu-a".to_string());
+        let mut n = s.objects.get(&key).cloned().unwrap();
+        n["metadata"]["annotations"]["gpupart.io/recover-gpus"] = serde_json::json!("0");
+        s.put(key, n);
+    });
+    rig.wait("the pod is served once the GPU is back", 60, |r| r.pod("serving", "small-0").0 == "Running");
+}

@@ -85,8 +85,10 @@ impl FakeKubelet {
         let reg = Reg { dir: self.dir.clone(), seen: self.seen.clone() };
         let listener = self.rt.block_on(async { tokio::net::UnixListener::bind(&sock) }).unwrap();
         self.rt.spawn(
+            // As the kubelet's Go gRPC server: any `:authority` a client sends on a unix socket is
+            // accepted (grpc-go sends the socket's path, which h2 alone would refuse).
             tonic::transport::Server::builder().add_service(RegistrationServer::new(reg)).serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                gpupart::kubelet::authority::incoming(listener),
                 async {
                     let _ = rx.await;
                 },
