@@ -7,7 +7,6 @@
 //! where that plugin always puts its socket. Run by hand, as root:
 //! `NVIDIA_DEVICE_PLUGIN=/path/to/nvidia-device-plugin cargo test --test nvidia_device_plugin -- --ignored --test-threads 1`.
 
-#[allow(dead_code)]
 mod support;
 
 use gpupart::mig::sim::state::EVENT_XID;
