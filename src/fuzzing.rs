@@ -64,6 +64,23 @@ pub fn sim_state(data: &[u8]) {
     let _ = SimBackend::new(state, None).observe_all();
 }
 
+/// The health record file (`--health-file`) and the recovery annotation's value
+/// (`<record>\n<value>`): a record that reads writes back to the same record, and describes
+/// every entry.
+pub fn health_record(data: &[u8]) {
+    let Some(t) = text(data) else { return };
+    let (record, value) = t.rsplit_once('\n').unwrap_or((t, ""));
+    let Ok(book) = crate::health::HealthBook::from_file(record) else { return };
+    assert_eq!(crate::health::HealthBook::from_file(&book.to_file()).as_ref(), Ok(&book));
+    for (gpu, u) in book.unhealthy() {
+        let _ = (crate::gpu_health::describe(*gpu, u), crate::health::taint_value(u));
+    }
+    for gpu in book.affected() {
+        book.mig_faults(gpu).for_each(|m| drop(crate::gpu_health::describe_mig(m)));
+    }
+    let _ = crate::health::parse_gpus(value, &book);
+}
+
 /// The paused-clients annotation read back from the Node: `<annotation>\n<label>=<value>…`.
 pub fn paused_annotation(data: &[u8]) {
     let Some(t) = text(data) else { return };
@@ -169,6 +186,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("profile_name", profile_name),
     ("hooks", hooks),
     ("sim_state", sim_state),
+    ("health_record", health_record),
     ("paused_annotation", paused_annotation),
     ("kubelet_messages", kubelet_messages),
     ("kubelet_frames", kubelet_frames),

@@ -156,3 +156,69 @@ fn behind_the_flag_the_taint_evicts_and_a_flag_that_does_not_read_is_refused_by_
     let bad = rig.node.run(&["agent", "--dra", "--node-name", NODE, "--ignore-xids", "48,x9"]).failed();
     assert!(bad.stderr.contains("'x9' is not an XID"), "{}", bad.stderr);
 }
+
+#[test]
+fn an_xid_naming_a_mig_device_taints_only_what_holds_its_slices_even_after_it_is_gone() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.kubelet.wait_registered(1);
+    rig.wait_slices("the pool", |s| !s.is_empty());
+    rig.mig_claim("a", "1g.10gb");
+    let held = rig.schedule("a").unwrap()[0].device.clone();
+    rig.prepare("a").unwrap();
+    let status = rig.node.status();
+    let inst = &status["gpus"][0]["instances"][0];
+    let (gi, ci) =
+        (inst["gpu_instance_id"].as_u64().unwrap() as u32, inst["compute_instance_id"].as_u64().unwrap() as u32);
+    let start = inst["placement"]["start"].as_u64().unwrap() as u32;
+    std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
+    let mut s = rig.node.load();
+    s.inject_event(0, EVENT_XID, 94, Some((gi, ci)));
+    rig.node.save(&s);
+    let overlaps = |name: &str| {
+        // `gpu-0-mig-<g>-<memory>[-me]-<id>-<start>`: whether it spans the faulty slice `start`.
+        let parts: Vec<&str> = name.split('-').collect();
+        let from: u32 = parts.last().unwrap().parse().unwrap();
+        // A100 80GB: a memory slice is 10 GB (`20gb` spans two).
+        let slices: u32 = parts[4].trim_end_matches("gb").parse::<u32>().unwrap() / 10;
+        (from..from + slices).contains(&start)
+    };
+    // Tainted: the whole GPU and every placement over the faulty slice; nothing else.
+    let expected = |s: &[(String, SliceSpec)]| -> Vec<String> {
+        let mut names: Vec<String> = s
+            .iter()
+            .flat_map(|(_, sl)| &sl.devices)
+            .map(|d| d.name.clone())
+            .filter(|n| n == "gpu-0" || (n.contains("-mig-") && overlaps(n)))
+            .collect();
+        names.sort();
+        names
+    };
+    let tainted_now = |s: &[(String, SliceSpec)]| -> Vec<String> {
+        let mut names: Vec<String> = unhealthy(s).into_iter().map(|(d, _, _)| d).collect();
+        names.sort();
+        names
+    };
+    let after = rig.wait_slices("the faulty device's slices tainted", |s| tainted_now(s) == expected(s));
+    let tainted = tainted_now(&after);
+    assert!(unhealthy(&after).iter().all(|(_, v, _)| v == "xid-94"));
+    assert!(tainted.contains(&held) && tainted.len() < after.iter().map(|(_, s)| s.devices.len()).sum::<usize>());
+    // The rest of the GPU serves on.
+    rig.mig_claim("b", "1g.10gb");
+    rig.schedule("b").unwrap();
+    rig.prepare("b").unwrap();
+    // Once its claim is gone the instance goes, and its slices stay fenced.
+    rig.unprepare("a");
+    rig.delete_claim("a");
+    std::thread::sleep(Duration::from_millis(300));
+    let later = rig.wait_slices("still tainted", |s| unhealthy(s).iter().any(|(d, _, _)| *d == held));
+    assert_eq!(unhealthy(&later).len(), tainted.len());
+    rig.claim("c", &[("gpu", "mig.gpupart.io", "", 1)]);
+    rig.set_allocation("c", &[("gpu", DRIVER, NODE, &held)]);
+    let refused = rig.prepare("c").unwrap_err();
+    assert!(
+        refused.contains(&format!("holds the slices of GPU 0's faulty MIG device 1g.10gb@{start} (XID 94)")),
+        "{refused}"
+    );
+    rig.api.annotate("gpupart.io/recover-gpus", Some("0"));
+    rig.wait_slices("no unhealthy taint", |s| unhealthy(s).is_empty());
+}

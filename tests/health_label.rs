@@ -5,7 +5,9 @@
 //! `gpupart_gpu_healthy 0`; an application XID 43 on GPU 0 changes nothing; a new layout leaves
 //! the fenced GPUs as they are while GPU 0 changes; the operator's annotation brings them back
 //! (Event, annotation removed, slots Healthy, the layout applied there too). On bare metal,
-//! `status`, `export` and `health` show the fence and `health --recover` lifts it.
+//! `status`, `export` and `health` show the fence and `health --recover` lifts it. An XID that
+//! names one MIG device fences that device only: it is reported, its GPU is left as it is when a
+//! new layout would change it, the other GPU changes.
 
 #[macro_use]
 mod support;
@@ -19,7 +21,8 @@ use support::{Backend, Node};
 
 on_both_backends!(
     an_xid_fences_a_gpu_until_the_operator_recovers_it,
-    on_bare_metal_status_shows_the_fence_and_the_health_verb_lifts_it
+    on_bare_metal_status_shows_the_fence_and_the_health_verb_lifts_it,
+    an_xid_naming_a_mig_device_keeps_it_and_its_gpu_as_they_are_while_the_rest_serves
 );
 
 const CONFIG: &str = r#"version: v1
@@ -171,4 +174,55 @@ fn on_bare_metal_status_shows_the_fence_and_the_health_verb_lifts_it(b: Backend)
         node.run(&["health"]).ok().stdout.lines().next(),
         Some(format!("no unhealthy GPUs ({})", node.health_file().display())).as_deref()
     );
+}
+
+const MIG_CONFIG: &str = r#"version: v1
+mig-configs:
+  three:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {3g.40gb: 1, 1g.10gb: 2}
+  ones:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {1g.10gb: 7}
+"#;
+
+fn an_xid_naming_a_mig_device_keeps_it_and_its_gpu_as_they_are_while_the_rest_serves(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
+    let api = ApiServer::start(NODE);
+    let cfg = node.config("mig.yaml", MIG_CONFIG);
+    api.label(LAYOUT, Some("three"));
+    let _agent = start_config(&node, &api, &cfg, &["--annotation-min-interval", "50ms"], &[]);
+    wait_state(&api, "success", "three");
+    let status = node.status();
+    let three =
+        status["gpus"][0]["instances"].as_array().unwrap().iter().find(|i| i["profile"] == "3g.40gb").unwrap().clone();
+    let id = |k: &str| three[k].as_u64().unwrap() as u32;
+    let start = three["placement"]["start"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
+    let mut s = node.load();
+    s.inject_event(0, EVENT_XID, 94, Some((id("gpu_instance_id"), id("compute_instance_id"))));
+    node.save(&s);
+    let device = format!("3g.40gb@{start}");
+    wait_for("the faulty device in the annotation", || gpu_entry(&api, 0)["unhealthyDevices"][&device] == "XID 94");
+    assert!(gpu_entry(&api, 0)["unhealthy"].is_null(), "the rest of GPU 0 serves on");
+    let note = wait_event(&api, "MigDeviceUnhealthy", &format!("GPU 0's MIG device {device}"));
+    println!("Event MigDeviceUnhealthy: {note}");
+    assert_eq!(node.status()["gpus"][0]["unhealthy_mig_devices"][0]["profile"], "3g.40gb");
+
+    // A layout that would destroy it leaves GPU 0 as it is; GPU 1 changes.
+    api.label(LAYOUT, Some("ones"));
+    wait_state(&api, "success", "ones");
+    assert_eq!((gis(&node, 0), gis(&node, 1)), (3, 7));
+    let reason = support::kube_agent::reason(&api);
+    assert!(
+        reason.contains(&format!("GPU 0's MIG device {device}")) && reason.contains("GPU 0 left as it is"),
+        "{reason}"
+    );
+
+    api.annotate("gpupart.io/recover-gpus", Some("all"));
+    wait_event(&api, "GpuRecovered", "GPU 0 healthy again");
+    wait_for("GPU 0 gets the layout", || gis(&node, 0) == 7);
+    wait_for("the annotation clears", || gpu_entry(&api, 0)["unhealthyDevices"].is_null());
 }

@@ -1,10 +1,10 @@
 //! The agent's side of GPU health in label mode: each change of the record becomes an Event on
-//! the node (Warning `GpuUnhealthy`, Normal `GpuRecovered`), and the operator's recovery
+//! the node (Warning `GpuUnhealthy` or `MigDeviceUnhealthy`, Normal `GpuRecovered`), and the operator's recovery
 //! annotation (`gpupart.io/recover-gpus: 1,3` or `all`) is read and removed.
 
 use super::report::Notice;
-use crate::gpu_health::describe;
 use crate::gpu_health::watch::Change;
+use crate::gpu_health::{describe, describe_mig};
 
 /// The Event announcing `change`.
 pub fn notice(change: &Change) -> Notice {
@@ -13,6 +13,11 @@ pub fn notice(change: &Change) -> Notice {
             type_: "Warning",
             reason: "GpuUnhealthy",
             note: format!("{}: no new work is placed on it until it is recovered", describe(*gpu, record)),
+        },
+        Change::MigFenced(m) => Notice {
+            type_: "Warning",
+            reason: "MigDeviceUnhealthy",
+            note: format!("{}: nothing is created over its memory slices until it is recovered", describe_mig(m)),
         },
         Change::Recovered { gpus, why } => {
             let list: Vec<String> = gpus.iter().map(u32::to_string).collect();

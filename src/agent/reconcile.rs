@@ -98,7 +98,27 @@ fn leave_unhealthy(
             left.push(format!("{}, left as it is", crate::gpu_health::describe(*gpu, u)));
         }
     }
+    // A faulty MIG device stays as it is and nothing is created over its slices: a change that
+    // would do either leaves its GPU as it is.
+    for j in jobs.iter_mut().filter(|j| !book.is_unhealthy(j.state.info.index)) {
+        let gpu = j.state.info.index;
+        let Some(m) = book.mig_faults(gpu).find(|m| touches(j, m.placement)) else { continue };
+        (j.mode_change, j.plan) = (None, None);
+        for p in mps_plans.iter_mut().filter(|p| p.gpu == gpu) {
+            p.action = Action::None;
+        }
+        left.push(format!("{}, GPU {gpu} left as it is", crate::gpu_health::describe_mig(m)));
+    }
     left
+}
+
+/// Whether `job` would change the GPU instance at `at` or create one over its slices.
+fn touches(job: &crate::prepare::Job, at: crate::mig::Placement) -> bool {
+    let Some(plan) = &job.plan else { return job.mode_change.is_some() };
+    job.mode_change.is_some()
+        || plan.destroy.iter().any(|d| d.placement == at)
+        || plan.reshape.iter().any(|r| r.placement == at)
+        || plan.create.iter().any(|c| c.placement.overlaps(at))
 }
 
 /// The agent's hooks file and the `MIG_PARTED_*` settings its commands see.

@@ -167,6 +167,11 @@ pub fn run(g: &GpuOptions, a: &ExportArgs) -> anyhow::Result<ExitCode> {
             for (gpu, u) in book.unhealthy() {
                 out!("# gpupart: {}\n", crate::gpu_health::describe(*gpu, u));
             }
+            for gpu in book.affected() {
+                for m in book.mig_faults(gpu) {
+                    out!("# gpupart: {}\n", crate::gpu_health::describe_mig(m));
+                }
+            }
             out!("{}", yaml(&a.label, &entries))
         }
         ExportFormat::Json => outln!("{}", serde_json::to_string_pretty(&json_doc(&a.label, &entries))?),

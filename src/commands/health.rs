@@ -3,7 +3,7 @@
 //! announces the recovery.
 
 use crate::cli::{GpuOptions, HealthArgs, StatusFormat};
-use crate::gpu_health::{describe, read_file, write_file};
+use crate::gpu_health::{describe, describe_mig, read_file, write_file};
 use std::process::ExitCode;
 
 /// Runs `health`.
@@ -27,12 +27,18 @@ pub fn run(g: &GpuOptions, a: &HealthArgs) -> anyhow::Result<ExitCode> {
     }
     match a.output {
         StatusFormat::Json => outln!("{}", book.to_file().trim_end()),
-        StatusFormat::Table if book.unhealthy().is_empty() => outln!("no unhealthy GPUs ({})", file.display()),
+        StatusFormat::Table if book.affected().is_empty() => outln!("no unhealthy GPUs ({})", file.display()),
         StatusFormat::Table => {
+            let since = |at: i64| {
+                k8s_openapi::jiff::Timestamp::from_second(at).map_or_else(|_| at.to_string(), |t| t.to_string())
+            };
             for (gpu, u) in book.unhealthy() {
-                let since = k8s_openapi::jiff::Timestamp::from_second(u.since)
-                    .map_or_else(|_| u.since.to_string(), |t| t.to_string());
-                outln!("{} since {since}", describe(*gpu, u));
+                outln!("{} since {}", describe(*gpu, u), since(u.since));
+            }
+            for gpu in book.affected() {
+                for m in book.mig_faults(gpu) {
+                    outln!("{} since {}", describe_mig(m), since(m.fault.since));
+                }
             }
         }
     }

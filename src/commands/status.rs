@@ -57,6 +57,8 @@ pub struct GpuStatus {
     pub mps: Option<MpsStatus>,
     /// Why the agent fenced the GPU (its health record, docs/health.md), else null.
     pub unhealthy: Option<crate::health::Unhealthy>,
+    /// The MIG devices of the GPU an NVML event named as faulty (their slices are fenced).
+    pub unhealthy_mig_devices: Vec<crate::health::MigFault>,
 }
 
 /// One GPU's MPS daemon in `status -o json`: the daemon as read (pid, up, limits read back,
@@ -188,6 +190,7 @@ pub fn status_doc(states: &[GpuState], mps: Option<&crate::mps::Mps>) -> StatusD
                 pods: s.pods.clone(),
                 mps: mps.zip(daemon).map(|(m, d)| mps_status(m, s, d)),
                 unhealthy: None,
+                unhealthy_mig_devices: Vec::new(),
             }
         })
         .collect();
@@ -211,6 +214,14 @@ fn table(doc: &StatusDoc) -> String {
                 out,
                 "  UNHEALTHY: {} (gpupart health --recover {})",
                 crate::gpu_health::describe(g.index, u),
+                g.index
+            );
+        }
+        for m in &g.unhealthy_mig_devices {
+            let _ = writeln!(
+                out,
+                "  UNHEALTHY: {} (gpupart health --recover {})",
+                crate::gpu_health::describe_mig(m),
                 g.index
             );
         }
@@ -295,6 +306,7 @@ pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let book = crate::gpu_health::read_or_warn(&g.health_file);
     for gpu in &mut doc.gpus {
         gpu.unhealthy = book.unhealthy().get(&gpu.index).cloned();
+        gpu.unhealthy_mig_devices = book.mig_faults(gpu.index).cloned().collect();
     }
     match a.output {
         StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),

@@ -70,7 +70,7 @@ impl DraNode {
         let granted = tokio::task::spawn_blocking(move || {
             let mut d = me.driver.lock().unwrap_or_else(|e| e.into_inner());
             let book = me.health.snapshot();
-            d.fence(book.unhealthy().iter().map(|(g, u)| (*g, u.reason.clone())).collect());
+            d.fence(book);
             d.prepare(me.backend.as_ref(), &wanted)
         })
         .await
@@ -220,14 +220,21 @@ pub async fn publish_loop(
             Ok(Ok((states, offered, unavailable, prepared, shares))) => {
                 let gpus = publisher.catalog.gpus(&states, &publisher.driver_version);
                 let book = node.health.snapshot();
-                let fenced: std::collections::BTreeMap<u32, _> = book
-                    .unhealthy()
-                    .iter()
-                    .map(|(g, u)| {
-                        let value = gpupart_node::health::taint_value(u);
-                        (*g, gpupart_node::dra::publish::unhealthy_taint(&node.driver_name, &value, node.taint_effect))
-                    })
-                    .collect();
+                let fenced: std::collections::BTreeMap<DeviceRef, _> =
+                    gpupart_node::dra::publish::fenced_devices(&gpus, &book)
+                        .into_iter()
+                        .map(|(d, f)| {
+                            let value = gpupart_node::health::taint_value(&f.fault);
+                            (
+                                d,
+                                gpupart_node::dra::publish::unhealthy_taint(
+                                    &node.driver_name,
+                                    &value,
+                                    node.taint_effect,
+                                ),
+                            )
+                        })
+                        .collect();
                 node.metrics.health().show(&book, states.len() as u32);
                 match publisher.publish(&gpus, &offered, &unavailable, &fenced).await {
                     Ok(p) => {

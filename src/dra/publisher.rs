@@ -125,7 +125,7 @@ impl Publisher {
         gpus: &[PublishedGpu],
         offered: &[DeviceRef],
         unavailable: &BTreeMap<DeviceRef, String>,
-        fenced: &BTreeMap<u32, gpupart_node::dra::slices::DeviceTaint>,
+        fenced: &BTreeMap<DeviceRef, gpupart_node::dra::slices::DeviceTaint>,
     ) -> anyhow::Result<Published> {
         let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, unavailable, fenced);
         let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));

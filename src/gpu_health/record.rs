@@ -1,6 +1,6 @@
 //! The record of unhealthy GPUs: its file (read, written atomically) and the agent's shared copy.
 
-use crate::health::{GpuEvent, HealthBook, Unhealthy, XidPolicy};
+use crate::health::{GpuEvent, HealthBook, MigFault, Unhealthy, XidPolicy};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -87,6 +87,23 @@ impl GpuHealth {
         Ok(fresh)
     }
 
+    /// Records a fault of the MIG device at `profile`/`placement` (an event named it); the fault
+    /// when it is new (saved).
+    pub fn record_mig(
+        &self,
+        e: &GpuEvent,
+        profile: &str,
+        placement: crate::mig::Placement,
+        known: &[u32],
+    ) -> Result<Option<MigFault>, String> {
+        let mut book = self.lock();
+        let fresh = book.record_mig(e, profile, placement, known, &self.policy)?.cloned();
+        if crate::health::fault(e.kind, &self.policy).is_some() {
+            self.save(&book);
+        }
+        Ok(fresh)
+    }
+
     /// Marks `gpus` healthy again (saved); those that were unhealthy.
     pub fn recover(&self, gpus: &[u32]) -> Vec<u32> {
         let mut book = self.lock();
@@ -102,12 +119,22 @@ impl GpuHealth {
     pub fn reread(&self) -> Vec<u32> {
         let Ok(on_disk) = read_file(&self.file) else { return Vec::new() };
         let mut book = self.lock();
-        let gone: Vec<u32> = book.unhealthy().keys().copied().filter(|g| !on_disk.is_unhealthy(*g)).collect();
+        let still = on_disk.affected();
+        let gone: Vec<u32> = book.affected().into_iter().filter(|g| !still.contains(g)).collect();
         for g in &gone {
             book.recover(*g);
         }
         gone
     }
+}
+
+/// One line about a faulty MIG device: `GPU 1's MIG device 1g.10gb@4 (GPU instance 3, compute
+/// instance 0) is unhealthy (XID 94)`.
+pub fn describe_mig(m: &MigFault) -> String {
+    let ids =
+        m.fault.instance.map(|(gi, ci)| format!(" (GPU instance {gi}, compute instance {ci})")).unwrap_or_default();
+    let more = if m.fault.faults > 1 { format!(", {} faults", m.fault.faults) } else { String::new() };
+    format!("GPU {}'s MIG device {}{ids} is unhealthy ({}{more})", m.gpu, m.device(), m.fault.reason)
 }
 
 /// One line about an unhealthy GPU for status reasons, Events and explanations:

@@ -5,7 +5,7 @@
 
 use super::record::GpuHealth;
 use crate::backend::{BackendError, GpuBackend};
-use crate::health::{EventKind, GpuEvent, Unhealthy};
+use crate::health::{EventKind, GpuEvent, MigFault, Unhealthy};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +23,8 @@ pub enum Change {
         /// Its record.
         record: Unhealthy,
     },
+    /// A MIG device's memory slices are fenced (an event named it).
+    MigFenced(MigFault),
     /// GPUs are healthy again, and why.
     Recovered {
         /// NVML indices.
@@ -132,10 +134,32 @@ impl Watcher {
         }
     }
 
+    /// Where the GPU instance `gi` of GPU `gpu` is now: its profile and placement.
+    fn locate(&self, gpu: u32, gi: u32) -> Option<(String, crate::mig::Placement)> {
+        let s = self.backend.observe(gpu).ok()?;
+        s.instances.iter().find(|g| g.id == gi).map(|g| (s.gi_name(g).to_string(), g.placement))
+    }
+
     fn event(&mut self, e: &GpuEvent, out: &mut Vec<Change>) {
         self.metrics.health().event(e.gpu, e.kind);
         let known: Vec<u32> = (0..self.backend.gpu_count().unwrap_or(0)).collect();
         let instance = e.instance.map(|(gi, ci)| format!("{gi}/{ci}"));
+        // An event that names a MIG device that exists fences that device's slices only; one
+        // whose instance is gone fences the GPU.
+        let device = e.instance.filter(|_| crate::health::fault(e.kind, &self.health.policy).is_some());
+        if let Some((profile, placement)) = device.and_then(|(gi, _)| self.locate(e.gpu, gi)) {
+            match self.health.record_mig(e, &profile, placement, &known) {
+                Ok(Some(m)) => {
+                    tracing::warn!(gpu = e.gpu, device = %m.device(), reason = %m.fault.reason, instance, "MIG device fenced: nothing is created over its slices");
+                    out.push(Change::MigFenced(m));
+                }
+                Ok(None) => {
+                    tracing::warn!(gpu = e.gpu, event = ?e.kind, instance, "another fault where one was recorded")
+                }
+                Err(why) => tracing::warn!(event = ?e.kind, "{why}: ignored"),
+            }
+            return;
+        }
         match self.health.record(e, &known) {
             Ok(Some(record)) => {
                 tracing::warn!(gpu = e.gpu, reason = %record.reason, instance, "GPU fenced: no new work is placed on it");

@@ -81,6 +81,11 @@ pub fn summarize(
             if let Some(u) = fenced.unhealthy().get(&s.info.index) {
                 g["unhealthy"] = json!(u.reason);
             }
+            let faulty: BTreeMap<String, &str> =
+                fenced.mig_faults(s.info.index).map(|m| (m.device(), m.fault.reason.as_str())).collect();
+            if !faulty.is_empty() {
+                g["unhealthyDevices"] = json!(faulty);
+            }
             g
         })
         .collect();

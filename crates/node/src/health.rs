@@ -3,7 +3,8 @@
 //! 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup, 68 video processor
 //! exception, 109 context switch timeout) say a program failed, not the GPU; every other XID, a
 //! double-bit ECC error and a GPU that is lost fence it. A single-bit ECC error is corrected and
-//! fences nothing. Health returns only when someone says so ([`HealthBook::recover`]).
+//! fences nothing. An event that names a MIG device fences that device's memory slices only
+//! ([`MigFault`]). Health returns only when someone says so ([`HealthBook::recover`]).
 
 use crate::mig::sim::state::{EVENT_DOUBLE_BIT_ECC, EVENT_SINGLE_BIT_ECC, EVENT_XID};
 use std::collections::{BTreeMap, BTreeSet};
@@ -126,10 +127,33 @@ pub struct Unhealthy {
     pub faults: u32,
 }
 
-/// The node's unhealthy GPUs.
+/// A MIG device an event named, where its GPU instance was when the event came: its memory
+/// slices stay fenced (nothing is created over them), the rest of the GPU serves on.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigFault {
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// The GPU instance profile (`1g.10gb`).
+    pub profile: String,
+    /// Its placement (memory slices).
+    pub placement: crate::mig::Placement,
+    /// The fault (its `instance` the GPU and compute instance ids the event named).
+    pub fault: Unhealthy,
+}
+
+impl MigFault {
+    /// `1g.10gb@4`.
+    pub fn device(&self) -> String {
+        format!("{}@{}", self.profile, self.placement.start)
+    }
+}
+
+/// The node's unhealthy GPUs and MIG devices.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HealthBook {
     gpus: BTreeMap<u32, Unhealthy>,
+    mig: Vec<MigFault>,
 }
 
 impl HealthBook {
@@ -151,10 +175,54 @@ impl HealthBook {
         Ok(if fresh { Some(entry) } else { None })
     }
 
-    /// GPU `gpu` is healthy again (an operator said so, or its reset was observed); whether it
-    /// was unhealthy.
+    /// Records a fault an event reported for the MIG device at `profile`/`placement` of one of
+    /// the `known` GPUs; returns the fault when it is new (not when the GPU is already unhealthy
+    /// or that device already faulted: then it is counted there).
+    pub fn record_mig(
+        &mut self,
+        e: &GpuEvent,
+        profile: &str,
+        placement: crate::mig::Placement,
+        known: &[u32],
+        policy: &XidPolicy,
+    ) -> Result<Option<&MigFault>, String> {
+        if !known.contains(&e.gpu) {
+            return Err(format!("an event for GPU {} that this node does not have", e.gpu));
+        }
+        let Some(reason) = fault(e.kind, policy) else { return Ok(None) };
+        if let Some(g) = self.gpus.get_mut(&e.gpu) {
+            g.faults += 1;
+            return Ok(None);
+        }
+        if let Some(m) = self.mig.iter_mut().find(|m| m.gpu == e.gpu && m.placement == placement) {
+            m.fault.faults += 1;
+            return Ok(None);
+        }
+        let xid = match e.kind {
+            EventKind::Xid(x) => Some(x),
+            _ => None,
+        };
+        let fault = Unhealthy { reason, xid, instance: e.instance, since: e.at, faults: 1 };
+        self.mig.push(MigFault { gpu: e.gpu, profile: profile.to_string(), placement, fault });
+        Ok(self.mig.last())
+    }
+
+    /// GPU `gpu` and its MIG devices are healthy again (an operator said so, or its reset was
+    /// observed); whether anything of it was unhealthy.
     pub fn recover(&mut self, gpu: u32) -> bool {
-        self.gpus.remove(&gpu).is_some()
+        let before = self.mig.len();
+        self.mig.retain(|m| m.gpu != gpu);
+        self.gpus.remove(&gpu).is_some() || self.mig.len() != before
+    }
+
+    /// The faulty MIG devices of GPU `gpu`.
+    pub fn mig_faults(&self, gpu: u32) -> impl Iterator<Item = &MigFault> {
+        self.mig.iter().filter(move |m| m.gpu == gpu)
+    }
+
+    /// The GPUs with anything unhealthy (the GPU or one of its MIG devices).
+    pub fn affected(&self) -> BTreeSet<u32> {
+        self.gpus.keys().copied().chain(self.mig.iter().map(|m| m.gpu)).collect()
     }
 
     /// Whether GPU `gpu` is unhealthy.
@@ -169,7 +237,7 @@ impl HealthBook {
 
     /// The record file's text (docs/health.md): `{"version": 1, "unhealthy": {"1": {...}}}`.
     pub fn to_file(&self) -> String {
-        let doc = RecordFile { version: RECORD_VERSION, unhealthy: self.gpus.clone() };
+        let doc = RecordFile { version: RECORD_VERSION, unhealthy: self.gpus.clone(), mig: self.mig.clone() };
         let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
         text.push('\n');
         text
@@ -181,7 +249,7 @@ impl HealthBook {
         if doc.version != RECORD_VERSION {
             return Err(format!("version {} (this gpupart reads version {RECORD_VERSION})", doc.version));
         }
-        Ok(Self { gpus: doc.unhealthy })
+        Ok(Self { gpus: doc.unhealthy, mig: doc.mig })
     }
 }
 
@@ -205,13 +273,15 @@ struct RecordFile {
     version: u32,
     #[serde(default)]
     unhealthy: BTreeMap<u32, Unhealthy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mig: Vec<MigFault>,
 }
 
 /// Which GPUs an operator names: `1,3` or `all` (of the unhealthy ones in `book`); the error
 /// names the item that is not a GPU index.
 pub fn parse_gpus(text: &str, book: &HealthBook) -> Result<Vec<u32>, String> {
     if text.trim() == "all" {
-        return Ok(book.gpus.keys().copied().collect());
+        return Ok(book.affected().into_iter().collect());
     }
     let mut out: Vec<u32> = Vec::new();
     for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {

@@ -761,3 +761,21 @@ fn an_unhealthy_gpu_offers_nothing_is_never_changed_and_the_explanation_says_so(
     assert_eq!(d.specs[2], GpuSpec::Mig(vec![("3g.40gb".into(), 1)]));
     assert_eq!(d.change, "dedicated: 2 whole GPUs, 0 idle instance(s) torn down");
 }
+
+#[test]
+fn a_faulty_mig_device_offers_nothing_and_is_never_torn_down() {
+    let text = format!(
+        r#"[{{"i":0,"model":"{A100}","mode":"mig","layout":["3g.40gb@0","3g.40gb@4"],"unhealthyDevices":{{"3g.40gb@4":"XID 94"}}}}]"#
+    );
+    let n =
+        super::nodes::tests::node("gpu-a", &text, &[(LAYOUT_LABEL, "all-3g.40gb"), (STATE_LABEL, "success")], false);
+    let mut n = GpuNode::read(&n).unwrap().unwrap();
+    n.annotations.insert(STATE_LAYOUT.into(), "all-3g.40gb".into());
+    assert!(n.gpus[0].instances[1].busy && !n.gpus[0].instances[0].busy);
+    let two = vec![pod("a", mig("3g.40gb"), 1, 1), pod("b", mig("3g.40gb"), 1, 2)];
+    assert_eq!(run(&[n.clone()], &two, &Options::default()).placeable, 1, "only the healthy 3g.40gb");
+    let out = run(&[n], &[pod("s", mig("1g.10gb"), 1, 1)], &Options::default());
+    let d = &out.decisions[0];
+    assert_eq!((d.destroyed, d.change.as_str()), (1, "GPU 0: +1 1g.10gb -1 3g.40gb"), "{out:#?}");
+    assert!(matches!(&d.specs[0], GpuSpec::Mig(m) if m.contains(&("3g.40gb".to_string(), 1))));
+}

@@ -122,6 +122,12 @@ pub fn from_annotation(node: &str, text: &str) -> Result<Vec<CurrentGpu>, InputE
                 let start: u32 = start.parse().map_err(|_| err(at.clone(), format!("'{s}' has no numeric start")))?;
                 instances.push(CurrentInstance { profile: profile(&at, name)?, start, busy });
             }
+            // A faulty MIG device (`unhealthyDevices`) is never moved and offers nothing: busy.
+            if let Some(faulty) = g["unhealthyDevices"].as_object() {
+                for i in &mut instances {
+                    i.busy |= faulty.contains_key(&format!("{}@{}", i.profile, i.start));
+                }
+            }
             let busy = match mode {
                 "mps" => g["slotsUsed"].as_u64().unwrap_or(0) > 0,
                 "mig" => false,

@@ -158,8 +158,8 @@ pub struct Driver {
     mps: Option<crate::mps::Mps>,
     /// MIG-capable GPUs have an MPS device too (`--dra-mps-on-mig-gpus`).
     mps_on_mig: bool,
-    /// Unhealthy GPUs and why: their devices are not prepared.
-    fenced: BTreeMap<u32, String>,
+    /// The health record: devices it fences are not prepared.
+    health: crate::health::HealthBook,
 }
 
 impl std::fmt::Debug for Driver {
@@ -196,7 +196,7 @@ impl Driver {
     /// Loads the checkpoint from the state directory.
     pub fn open(cfg: DriverConfig) -> Result<Self, CheckpointError> {
         let checkpoint = Checkpoint::load(&cfg.state_dir.join("checkpoint.json"))?;
-        Ok(Self { cfg, checkpoint, mps: None, mps_on_mig: false, fenced: BTreeMap::new() })
+        Ok(Self { cfg, checkpoint, mps: None, mps_on_mig: false, health: Default::default() })
     }
 
     /// Gives MIG-capable GPUs an MPS device too: shared while idle with MIG off, the first share
@@ -211,9 +211,10 @@ impl Driver {
         super::devices::has_mps_device(&s.info, &s.profiles, self.mps_on_mig)
     }
 
-    /// The unhealthy GPUs (and why) whose devices Prepare refuses.
-    pub fn fence(&mut self, unhealthy: BTreeMap<u32, String>) {
-        self.fenced = unhealthy;
+    /// The health record now: Prepare refuses the devices of unhealthy GPUs and those over a
+    /// faulty MIG device's slices ([`super::publish::fence_of`]).
+    pub fn fence(&mut self, health: crate::health::HealthBook) {
+        self.health = health;
     }
 
     /// Serves MPS shares through `mps` (without it, a share's Prepare fails saying so).
@@ -314,11 +315,11 @@ impl Driver {
         }
         let states = backend.observe_all().map_err(|e| fail(Reason::Nvml, format!("reading the GPUs: {e}")))?;
         let devices = self.validate(claim, &states).map_err(|(r, m)| fail(r, m))?;
-        if let Some((d, why)) = devices.iter().find_map(|d| self.fenced.get(&d.gpu).map(|w| (d, w))) {
-            return Err(fail(
-                Reason::Unhealthy,
-                format!("device {} is on GPU {}, which is unhealthy ({why})", d.device, d.gpu),
-            ));
+        let fenced = |d: &PreparedDevice| {
+            super::publish::fence_of(super::devices::DeviceRef { gpu: d.gpu, kind: d.kind }, &self.health)
+        };
+        if let Some((d, f)) = devices.iter().find_map(|d| fenced(d).map(|f| (d, f))) {
+            return Err(fail(Reason::Unhealthy, format!("device {} {}", d.device, f.why)));
         }
         let entry = ClaimEntry {
             namespace: claim.namespace.clone(),

@@ -278,13 +278,44 @@ pub fn unhealthy_taint(driver: &str, value: &str, effect: &str) -> DeviceTaint {
     }
 }
 
+/// A device a health record fences: the fault, and why in words (for Prepare's refusal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fenced {
+    /// The fault.
+    pub fault: crate::health::Unhealthy,
+    /// `is on GPU 1, which is unhealthy (XID 79)`.
+    pub why: String,
+}
+
+/// Every device a health record fences: all devices of an unhealthy GPU; of a GPU with a faulty
+/// MIG device, every MIG placement overlapping its slices and the whole-GPU and MPS devices
+/// (they would hold those slices too).
+pub fn fenced_devices(gpus: &[PublishedGpu], book: &crate::health::HealthBook) -> BTreeMap<DeviceRef, Fenced> {
+    groups(gpus).into_iter().flat_map(|(_, devices)| devices).filter_map(|d| Some((d, fence_of(d, book)?))).collect()
+}
+
+/// Whether (and why) the health record fences device `d` ([`fenced_devices`]).
+pub fn fence_of(d: DeviceRef, book: &crate::health::HealthBook) -> Option<Fenced> {
+    if let Some(u) = book.unhealthy().get(&d.gpu) {
+        let why = format!("is on GPU {}, which is unhealthy ({})", d.gpu, u.reason);
+        return Some(Fenced { fault: u.clone(), why });
+    }
+    let on_its_slices = |m: &&crate::health::MigFault| match d.kind {
+        DeviceKind::Gpu | DeviceKind::Mps => true,
+        DeviceKind::Mig { placement, .. } => placement.overlaps(m.placement),
+    };
+    let m = book.mig_faults(d.gpu).find(on_its_slices)?;
+    let why = format!("holds the slices of GPU {}'s faulty MIG device {} ({})", d.gpu, m.device(), m.fault.reason);
+    Some(Fenced { fault: m.fault.clone(), why })
+}
+
 /// The slices of a pool. Every device the GPUs could ever have is listed, each in its group's
 /// slice for good ([`groups`]), so no device the scheduler may be allocating right now ever
 /// leaves the pool or moves: within a group, the `offered` devices (those that can be created
 /// now) come first in their given order, then the rest in canonical order; the counters refuse
 /// what allocated devices block, and a device in `unavailable` (blocked by what the counters do
 /// not count: another tool's instance, processes) carries a `NoSchedule` taint saying why, and
-/// every device of a GPU in `fenced` carries that GPU's taint ([`unhealthy_taint`]).
+/// every device in `fenced` its taint ([`unhealthy_taint`]).
 pub fn content(
     driver: &str,
     node: &str,
@@ -292,7 +323,7 @@ pub fn content(
     gpus: &[PublishedGpu],
     offered: &[DeviceRef],
     unavailable: &BTreeMap<DeviceRef, String>,
-    fenced: &BTreeMap<u32, DeviceTaint>,
+    fenced: &BTreeMap<DeviceRef, DeviceTaint>,
 ) -> Vec<Slice> {
     let rank: HashMap<DeviceRef, usize> = offered.iter().enumerate().map(|(i, d)| (*d, i)).collect();
     let publish = |d: DeviceRef| {
@@ -301,7 +332,7 @@ pub fn content(
         if let Some(why) = unavailable.get(&d) {
             dev.taints.push(unavailable_taint(driver, why));
         }
-        if let Some(t) = fenced.get(&d.gpu) {
+        if let Some(t) = fenced.get(&d) {
             dev.taints.push(t.clone());
         }
         Some(dev)

@@ -605,3 +605,41 @@ fn mps_shares_pack_onto_the_busiest_gpu_and_never_beside_a_whole_claim() {
     assert!(taints.keys().filter(|d| matches!(d.kind, DeviceKind::Mig { .. })).count() >= 18);
     assert!(!taints.contains_key(&mps(4)));
 }
+
+#[test]
+fn a_health_record_fences_a_whole_gpu_or_only_what_holds_a_faulty_devices_slices() {
+    use super::publish::fence_of;
+    use crate::health::{EventKind, GpuEvent, HealthBook, XidPolicy};
+    let t = table("A100-SXM4-80GB");
+    let p = XidPolicy::default();
+    let mut book = HealthBook::default();
+    let xid = |gpu, instance| GpuEvent { gpu, kind: EventKind::Xid(94), instance, at: 1 };
+    book.record(&xid(1, None), &[0, 1], &p).unwrap();
+    book.record_mig(&xid(0, Some((3, 0))), "1g.10gb", Placement::new(6, 1), &[0, 1], &p).unwrap();
+    let mig = |gpu, profile: &str, start| {
+        let pr = t.profiles.iter().find(|x| x.name.to_string() == profile).unwrap();
+        let placement = *pr.placements.iter().find(|pl| pl.start == start).unwrap();
+        DeviceRef { gpu, kind: DeviceKind::Mig { profile_id: pr.id, placement } }
+    };
+    let fenced = |d| fence_of(d, &book).map(|f| f.why);
+    // GPU 1: everything, saying the GPU is unhealthy.
+    assert_eq!(fenced(mig(1, "1g.10gb", 0)).as_deref(), Some("is on GPU 1, which is unhealthy (XID 94)"));
+    assert!(fenced(DeviceRef { gpu: 1, kind: DeviceKind::Gpu }).is_some());
+    // GPU 0: what spans slice 6, and the whole GPU; not the rest.
+    for (profile, start, hit) in [
+        ("1g.10gb", 6, true),
+        ("1g.20gb", 6, true),
+        ("3g.40gb", 4, true),
+        ("7g.80gb", 0, true),
+        ("1g.10gb", 5, false),
+        ("2g.20gb", 4, false),
+        ("4g.40gb", 0, false),
+        ("3g.40gb", 0, false),
+    ] {
+        assert_eq!(fenced(mig(0, profile, start)).is_some(), hit, "{profile}@{start}");
+    }
+    assert_eq!(
+        fenced(DeviceRef { gpu: 0, kind: DeviceKind::Gpu }).as_deref(),
+        Some("holds the slices of GPU 0's faulty MIG device 1g.10gb@6 (XID 94)")
+    );
+}

@@ -65,3 +65,25 @@ fn the_record_file_reads_back_and_names_what_is_wrong() {
     assert!(parse_gpus("1,x", &book).unwrap_err().contains("'x'"));
     assert!(parse_gpus(" ", &book).is_err());
 }
+
+#[test]
+fn a_fault_naming_a_mig_device_fences_its_slices_once_and_a_gpu_fault_takes_over() {
+    let p = XidPolicy::default();
+    let mut book = HealthBook::default();
+    let at = |gi, x| GpuEvent { gpu: 1, kind: EventKind::Xid(x), instance: Some((gi, 0)), at: 7 };
+    let place = crate::mig::Placement::new(4, 1);
+    assert_eq!(book.record_mig(&at(3, 43), "1g.10gb", place, &[0, 1], &p), Ok(None), "an application's");
+    let f = book.record_mig(&at(3, 94), "1g.10gb", place, &[0, 1], &p).unwrap().cloned().expect("new");
+    assert_eq!((f.device(), f.fault.reason.as_str(), f.fault.instance), ("1g.10gb@4".into(), "XID 94", Some((3, 0))));
+    assert_eq!(book.record_mig(&at(3, 94), "1g.10gb", place, &[0, 1], &p), Ok(None), "counted there");
+    assert_eq!(book.mig_faults(1).next().map(|m| m.fault.faults), Some(2));
+    assert!(!book.is_unhealthy(1), "the rest of the GPU serves on");
+    assert!(book.record_mig(&at(3, 94), "1g.10gb", place, &[0], &p).is_err(), "a GPU the node lacks");
+    let text = book.to_file();
+    assert_eq!(HealthBook::from_file(&text), Ok(book.clone()));
+    assert_eq!(parse_gpus("all", &book), Ok(vec![1]));
+    book.record(&xid(1, 79, 8), &[0, 1], &p).unwrap();
+    assert_eq!(book.record_mig(&at(5, 94), "2g.20gb", place, &[0, 1], &p), Ok(None), "the GPU is fenced whole");
+    assert!(book.recover(1) && book.mig_faults(1).next().is_none() && !book.is_unhealthy(1));
+    assert!(!book.recover(1));
+}
