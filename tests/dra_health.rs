@@ -123,6 +123,15 @@ fn an_xid_taints_every_device_of_its_gpu_in_place_until_the_operator_recovers_it
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    let event = |reason: &str, text: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !rig.api.events().iter().any(|(_, r, n)| r == reason && n.contains(text)) {
+            assert!(Instant::now() < deadline, "no {reason} event saying {text}: {:?}", rig.api.events());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    event("GpuUnhealthy", &format!("GPU {bad} is unhealthy (XID 79)"));
+
     // The operator brings it back: the taints go, in place.
     rig.api.annotate("gpupart.io/recover-gpus", Some("all"));
     let back = rig.wait_slices("no unhealthy taint", |s| unhealthy(s).is_empty());
@@ -132,6 +141,7 @@ fn an_xid_taints_every_device_of_its_gpu_in_place_until_the_operator_recovers_it
         assert!(Instant::now() < deadline, "the annotation stays");
         std::thread::sleep(Duration::from_millis(20));
     }
+    event("GpuRecovered", &format!("GPU {bad} healthy again: the operator's annotation"));
     done.store(true, Ordering::Relaxed);
     let reads = watcher.join().expect("the pool stayed complete");
     println!("the pool was read {reads} times, complete every time");

@@ -1,6 +1,5 @@
-//! The agent's side of GPU health in label mode: each change of the record becomes an Event on
-//! the node (Warning `GpuUnhealthy` or `MigDeviceUnhealthy`, Normal `GpuRecovered`), and the operator's recovery
-//! annotation (`gpupart.io/recover-gpus: 1,3` or `all`) is read and removed.
+//! The Events of GPU health on the node, in both agent modes: each change of the record becomes
+//! a Warning `GpuUnhealthy` or `MigDeviceUnhealthy`, or a Normal `GpuRecovered`.
 
 use super::report::Notice;
 use crate::gpu_health::watch::Change;

@@ -159,9 +159,17 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
                 let request = me.node_view.view().annotations.get(crate::kube::keys::RECOVER_GPUS).cloned();
                 if let Some(value) = request {
                     match crate::gpu_health::watch::recover_request(&value, &me.health) {
-                        Ok(Some(c)) => tracing::info!(change = ?c, "GPUs recovered"),
+                        Ok(Some(c)) => me.summaries.notice(crate::agent::fence::notice(&c)),
                         Ok(None) => tracing::info!(value, "the recovery annotation names no unhealthy GPU"),
-                        Err(e) => tracing::warn!("{e}"),
+                        Err(e) => {
+                            tracing::warn!("{e}");
+                            let refused = crate::agent::report::Notice {
+                                type_: "Warning",
+                                reason: "GpuRecoveryRefused",
+                                note: e,
+                            };
+                            me.summaries.notice(refused);
+                        }
                     }
                     crate::kube::node::remove_annotation(&me.client, &me.node, crate::kube::keys::RECOVER_GPUS).await;
                 }
@@ -174,10 +182,11 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             crate::gpu_health::watch::Watcher::new(backend.clone(), gpu_health.clone(), metrics.clone()),
             htx,
         );
-        let wake = dra.republish.clone();
+        let me = dra.clone();
         tokio::spawn(async move {
-            while hrx.recv().await.is_some() {
-                wake.notify_one();
+            while let Some(change) = hrx.recv().await {
+                me.summaries.notice(crate::agent::fence::notice(&change));
+                me.republish.notify_one();
             }
         });
         if a.watch_claims {

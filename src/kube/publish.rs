@@ -23,6 +23,8 @@ enum Update {
     Summary(Summary),
     /// A status and the summary of the GPUs it describes, applied together.
     StatusWithSummary(AgentStatus, Summary),
+    /// An Event alone (the DRA plugin has no state label).
+    Notice(Notice),
 }
 
 /// The [`Reporter`] for Kubernetes: hands statuses (and node summaries) to a background publisher
@@ -148,6 +150,7 @@ impl KubeReporter {
                         }
                     }
                     Some(Update::Summary(s)) => deferred = Some(s),
+                    Some(Update::Notice(n)) => notify(&recorder, &reference, &n).await,
                     Some(Update::Status(_, None)) | None => {}
                 }
                 let due = last_summary_write.is_none_or(|t| t.elapsed() >= min_interval);
@@ -291,6 +294,11 @@ impl KubeReporter {
     /// Publishes a node summary (applied only when it differs from the last one, rate-limited).
     pub fn publish_summary(&self, summary: Summary) {
         let _ = self.tx.send(Update::Summary(summary));
+    }
+
+    /// Records an Event on the node, with no state.
+    pub fn notice(&self, notice: Notice) {
+        let _ = self.tx.send(Update::Notice(notice));
     }
 }
 
