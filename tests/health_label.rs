@@ -7,7 +7,8 @@
 //! (Event, annotation removed, slots Healthy, the layout applied there too). On bare metal,
 //! `status`, `export` and `health` show the fence and `health --recover` lifts it. An XID that
 //! names one MIG device fences that device only: it is reported, its GPU is left as it is when a
-//! new layout would change it, the other GPU changes.
+//! new layout would change it, the other GPU changes. A GPU that falls off the bus is fenced
+//! (`GPU is lost`, still listed as last seen) and back once it answers again (its reset observed).
 
 #[macro_use]
 mod support;
@@ -22,7 +23,8 @@ use support::{Backend, Node};
 on_both_backends!(
     an_xid_fences_a_gpu_until_the_operator_recovers_it,
     on_bare_metal_status_shows_the_fence_and_the_health_verb_lifts_it,
-    an_xid_naming_a_mig_device_keeps_it_and_its_gpu_as_they_are_while_the_rest_serves
+    an_xid_naming_a_mig_device_keeps_it_and_its_gpu_as_they_are_while_the_rest_serves,
+    a_lost_gpu_is_fenced_and_back_once_it_answers_again
 );
 
 const CONFIG: &str = r#"version: v1
@@ -225,4 +227,35 @@ fn an_xid_naming_a_mig_device_keeps_it_and_its_gpu_as_they_are_while_the_rest_se
     wait_event(&api, "GpuRecovered", "GPU 0 healthy again");
     wait_for("GPU 0 gets the layout", || gis(&node, 0) == 7);
     wait_for("the annotation clears", || gpu_entry(&api, 0)["unhealthyDevices"].is_null());
+}
+
+fn set_lost(node: &Node, gpu: usize, lost: bool) {
+    let mut s = node.load();
+    s.gpus[gpu].lost = lost;
+    node.save(&s);
+}
+
+fn a_lost_gpu_is_fenced_and_back_once_it_answers_again(b: Backend) {
+    let node = Node::with(b, "A100-SXM4-80GB:2");
+    let api = ApiServer::start(NODE);
+    let cfg = node.config("mig.yaml", MIG_CONFIG);
+    api.label(LAYOUT, Some("three"));
+    let _agent =
+        start_config(&node, &api, &cfg, &["--annotation-min-interval", "50ms", "--metrics-interval", "200ms"], &[]);
+    wait_state(&api, "success", "three");
+    std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
+    set_lost(&node, 1, true);
+    wait_for("GPU 1 lost in the annotation", || gpu_entry(&api, 1)["unhealthy"] == "GPU is lost");
+    let g1 = gpu_entry(&api, 1);
+    assert_eq!(g1["layout"].as_array().map(Vec::len), Some(3), "listed as last seen: {g1}");
+    assert_eq!(g1["largest"], "none");
+    assert!(gpu_entry(&api, 0)["unhealthy"].is_null());
+    wait_event(&api, "GpuUnhealthy", "GPU 1 is unhealthy (GPU is lost)");
+    // Its reset: it answers again, and is back without anyone saying so.
+    set_lost(&node, 1, false);
+    let note =
+        wait_event(&api, "GpuRecovered", "GPU 1 healthy again: it answers again after it was lost (reset observed)");
+    println!("Event GpuRecovered: {note}");
+    wait_for("GPU 1 healthy in the annotation", || gpu_entry(&api, 1)["unhealthy"].is_null());
+    assert!(!std::fs::read_to_string(node.health_file()).unwrap().contains("lost"));
 }

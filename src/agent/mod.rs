@@ -331,6 +331,7 @@ async fn async_main(
         summaries,
         config: config.clone(),
         health: gpu_health.clone(),
+        seen: Arc::default(),
     };
     spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
@@ -634,6 +635,8 @@ struct Collector {
     summaries: Option<KubeReporter>,
     config: ConfigSource,
     health: Arc<crate::gpu_health::GpuHealth>,
+    /// The GPUs as last observed (a lost GPU is shown as it was).
+    seen: Arc<std::sync::Mutex<Vec<crate::observed::GpuState>>>,
 }
 
 /// Whether the config text names `layout`.
@@ -657,7 +660,7 @@ impl Collector {
             .and_then(Result::ok)
             .and_then(|text| crate::config::parse(&text).ok())
             .map(|f| crate::frag::Workload { weights: f.workload });
-        let mut states = match self.backend.observe_all() {
+        let mut states = match crate::gpu_health::observe_keeping_lost(self.backend.as_ref(), &self.seen) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics collection failed");

@@ -150,6 +150,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             bad_reservation: Mutex::default(),
             health: gpu_health.clone(),
             taint_effect: a.health_taint_effect,
+            seen: Mutex::default(),
         });
         // A reservation written or removed on the node republishes at once; so does an operator's
         // recovery of unhealthy GPUs (the annotation is removed once read).

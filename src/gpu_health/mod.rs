@@ -8,7 +8,9 @@ pub mod metrics;
 pub mod record;
 pub mod watch;
 
-pub use record::{describe, describe_mig, read_file, read_or_warn, write_file, GpuHealth, DEFAULT_FILE};
+pub use record::{
+    describe, describe_mig, observe_keeping_lost, read_file, read_or_warn, write_file, GpuHealth, DEFAULT_FILE,
+};
 
 #[cfg(test)]
 mod tests;

@@ -52,6 +52,8 @@ pub struct Watcher {
     metrics: Arc<crate::metrics::Metrics>,
     lost: BTreeSet<u32>,
     failures: u32,
+    /// The last wait said a GPU is lost (it returns at once while one is).
+    waited_lost: bool,
 }
 
 fn now() -> i64 {
@@ -61,7 +63,7 @@ fn now() -> i64 {
 impl Watcher {
     /// A watcher of `backend`'s GPUs into `health`.
     pub fn new(backend: Arc<dyn GpuBackend>, health: Arc<GpuHealth>, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        Self { backend, health, metrics, lost: BTreeSet::new(), failures: 0 }
+        Self { backend, health, metrics, lost: BTreeSet::new(), failures: 0, waited_lost: false }
     }
 
     /// One wait of up to `timeout`: what changed. Failed waits are counted and logged; the caller
@@ -70,6 +72,7 @@ impl Watcher {
         let mut out = Vec::new();
         self.reread(&mut out);
         self.returned(&mut out);
+        self.waited_lost = false;
         match self.backend.next_event(timeout) {
             Ok(None) => self.failures = 0,
             Ok(Some(e)) => {
@@ -77,7 +80,10 @@ impl Watcher {
                 self.reread(&mut out);
                 self.event(&e, &mut out);
             }
-            Err(BackendError::Call { code: GPU_IS_LOST, .. }) => self.probe_lost(&mut out),
+            Err(BackendError::Call { code: GPU_IS_LOST, .. }) => {
+                self.waited_lost = true;
+                self.probe_lost(&mut out);
+            }
             Err(e) => {
                 self.failures += 1;
                 self.metrics.health().watch_failed();
@@ -87,9 +93,11 @@ impl Watcher {
         out
     }
 
-    /// How long to wait after a step: nothing after a good wait, then 1 s, 2 s, … up to 30 s.
+    /// How long to wait after a step: nothing after a good wait, 500 ms while a GPU is lost (its
+    /// wait returns at once), 1 s, 2 s, … up to 30 s after failed waits.
     pub fn pause(&self) -> Duration {
         match self.failures {
+            0 if self.waited_lost => Duration::from_millis(500),
             0 => Duration::ZERO,
             n => Duration::from_secs(1u64 << (n - 1).min(5)).min(Duration::from_secs(30)),
         }

@@ -136,6 +136,12 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                 let all = sets();
                 (all[i].registered.clone(), all[i].after)
             };
+            // A registered GPU that fell off the bus ends every wait, as the driver does.
+            let lost =
+                runtime::read(|s| Ok(registered.iter().any(|(g, _)| s.gpus.get(*g as usize).is_some_and(|x| x.lost))))?;
+            if lost {
+                return Err(super::GPU_IS_LOST);
+            }
             let next = runtime::read(|s| {
                 Ok(s.events
                     .iter()

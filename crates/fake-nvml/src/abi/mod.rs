@@ -100,10 +100,22 @@ pub(crate) unsafe fn put_list<T: Copy>(buf: *mut T, count: *mut c_uint, items: &
     Ok(())
 }
 
+/// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus (`lost` in the state).
+pub(crate) const GPU_IS_LOST: Ret = 15;
+
+/// GPU `g`, unless it is lost.
+fn present(s: &SimState, g: u32) -> Result<&SimGpu, Ret> {
+    let gpu = s.gpus.get(g as usize).ok_or(INVALID_ARGUMENT)?;
+    if gpu.lost {
+        return Err(GPU_IS_LOST);
+    }
+    Ok(gpu)
+}
+
 /// The GPU of a physical-device handle.
 pub(crate) fn gpu_of<T>(s: &SimState, h: *mut T) -> Result<&SimGpu, Ret> {
     match Handle::decode(h) {
-        Some(Handle::Device(g)) => s.gpus.get(g as usize).ok_or(INVALID_ARGUMENT),
+        Some(Handle::Device(g)) => present(s, g),
         _ => Err(INVALID_ARGUMENT),
     }
 }
@@ -112,7 +124,7 @@ pub(crate) fn gpu_of<T>(s: &SimState, h: *mut T) -> Result<&SimGpu, Ret> {
 pub(crate) fn gi_of<T>(s: &SimState, h: *mut T) -> Result<(&SimGpu, &SimGi), Ret> {
     match Handle::decode(h) {
         Some(Handle::GpuInstance(g, gi)) => {
-            let gpu = s.gpus.get(g as usize).ok_or(INVALID_ARGUMENT)?;
+            let gpu = present(s, g)?;
             Ok((gpu, gpu.gi(gi).ok_or(INVALID_ARGUMENT)?))
         }
         _ => Err(INVALID_ARGUMENT),
@@ -123,7 +135,7 @@ pub(crate) fn gi_of<T>(s: &SimState, h: *mut T) -> Result<(&SimGpu, &SimGi), Ret
 pub(crate) fn ci_of<T>(s: &SimState, h: *mut T) -> Result<(&SimGpu, &SimGi, &SimCi), Ret> {
     match Handle::decode(h) {
         Some(Handle::ComputeInstance(g, gi, ci) | Handle::MigDevice(g, gi, ci)) => {
-            let gpu = s.gpus.get(g as usize).ok_or(INVALID_ARGUMENT)?;
+            let gpu = present(s, g)?;
             let gi = gpu.gi(gi).ok_or(INVALID_ARGUMENT)?;
             let ci = gi.compute_instances.iter().find(|c| c.id == ci).ok_or(INVALID_ARGUMENT)?;
             Ok((gpu, gi, ci))

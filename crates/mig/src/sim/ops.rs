@@ -18,6 +18,8 @@ pub enum NvmlCode {
     NotSupported = 3,
     /// NVML_ERROR_NOT_FOUND
     NotFound = 6,
+    /// NVML_ERROR_GPU_IS_LOST
+    GpuIsLost = 15,
     /// NVML_ERROR_RESET_REQUIRED
     ResetRequired = 16,
     /// NVML_ERROR_IN_USE
@@ -35,6 +37,7 @@ impl NvmlCode {
             NvmlCode::InvalidArgument => "NVML_ERROR_INVALID_ARGUMENT",
             NvmlCode::NotSupported => "NVML_ERROR_NOT_SUPPORTED",
             NvmlCode::NotFound => "NVML_ERROR_NOT_FOUND",
+            NvmlCode::GpuIsLost => "NVML_ERROR_GPU_IS_LOST",
             NvmlCode::ResetRequired => "NVML_ERROR_RESET_REQUIRED",
             NvmlCode::InUse => "NVML_ERROR_IN_USE",
             NvmlCode::InsufficientResources => "NVML_ERROR_INSUFFICIENT_RESOURCES",
@@ -90,6 +93,7 @@ impl SimState {
                     bus_id: ids::bus_id(index),
                     mig_mode: MigModeState::default(),
                     passthrough: false,
+                    lost: false,
                     compute_mode: ComputeMode::Default,
                     processes: Vec::new(),
                     gpu_instances: Vec::new(),
@@ -152,6 +156,7 @@ impl SimState {
     /// The GPU at `index`.
     pub fn gpu(&self, index: u32) -> Result<&SimGpu, SimError> {
         match self.gpus.get(index as usize) {
+            Some(g) if g.lost => err(NvmlCode::GpuIsLost, format!("GPU {index} has fallen off the bus")),
             Some(g) => Ok(g),
             None => err(NvmlCode::InvalidArgument, format!("no GPU with index {index}")),
         }
@@ -159,6 +164,7 @@ impl SimState {
 
     fn gpu_mut(&mut self, index: u32) -> Result<&mut SimGpu, SimError> {
         match self.gpus.get_mut(index as usize) {
+            Some(g) if g.lost => err(NvmlCode::GpuIsLost, format!("GPU {index} has fallen off the bus")),
             Some(g) => Ok(g),
             None => err(NvmlCode::InvalidArgument, format!("no GPU with index {index}")),
         }

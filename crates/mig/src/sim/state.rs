@@ -157,6 +157,10 @@ pub struct SimGpu {
     /// GPU reset is not exposed (pass-through VM): a MIG mode change needs a reboot.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub passthrough: bool,
+    /// The GPU fell off the bus: every NVML call on it, and a wait for events of it, returns
+    /// `NVML_ERROR_GPU_IS_LOST` until this is cleared (its reset).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
     /// Compute mode (`default` when absent).
     #[serde(default, skip_serializing_if = "ComputeMode::is_default")]
     pub compute_mode: ComputeMode,

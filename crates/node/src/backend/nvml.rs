@@ -238,10 +238,16 @@ impl GpuBackend for NvmlBackend {
         let raw = self.raw();
         if events.is_none() {
             let set = raw.event_set_create().map_err(|e| self.err(0, e))?;
-            for gpu in 0..self.gpu_count()? {
+            let registered = (0..self.gpu_count()?).try_for_each(|gpu| {
                 let dev = self.device(gpu)?;
                 raw.register_events(handle(&dev), crate::health::WATCHED_EVENT_TYPES, set)
-                    .map_err(|e| self.err(gpu, e))?;
+                    .map(|_| ())
+                    .map_err(|e| self.err(gpu, e))
+            });
+            if let Err(e) = registered {
+                // A GPU that cannot be registered (lost): the set goes, the next call tries again.
+                let _ = raw.event_set_free(set);
+                return Err(e);
             }
             *events = Some(EventSet(set));
         }
