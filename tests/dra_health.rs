@@ -232,3 +232,31 @@ fn an_xid_naming_a_mig_device_taints_only_what_holds_its_slices_even_after_it_is
     rig.api.annotate("gpupart.io/recover-gpus", Some("0"));
     rig.wait_slices("no unhealthy taint", |s| unhealthy(s).is_empty());
 }
+
+#[test]
+fn a_lost_gpu_stays_listed_tainted_while_the_other_serves_and_comes_back_after_its_reset() {
+    let rig = DraRig::start("A100-SXM4-80GB:2");
+    rig.kubelet.wait_registered(1);
+    let before = rig.wait_slices("the pool", |s| !s.is_empty());
+    let generation = before[0].1.pool.generation;
+    std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
+    let set_lost = |lost: bool| {
+        let mut s = rig.node.load();
+        s.gpus[1].lost = lost;
+        rig.node.save(&s);
+    };
+    set_lost(true);
+    let after = rig.wait_slices("GPU 1 tainted", |s| unhealthy(s).len() == devices_of(s, 1).len());
+    assert!(unhealthy(&after).iter().all(|(d, v, _)| gpu_of(d) == 1 && v == "gpu-lost"));
+    assert_eq!(after[0].1.pool.generation, generation, "listed as last seen, in place");
+    rig.mig_claim("a", "1g.10gb");
+    let got = rig.schedule("a").unwrap()[0].device.clone();
+    assert_eq!(gpu_of(&got), 0);
+    rig.prepare("a").unwrap();
+    rig.claim("b", &[("gpu", "gpu.gpupart.io", "", 1)]);
+    rig.set_allocation("b", &[("gpu", DRIVER, NODE, "gpu-1")]);
+    let refused = rig.prepare("b").unwrap_err();
+    assert!(refused.contains("is on GPU 1, which is unhealthy (GPU is lost)"), "{refused}");
+    set_lost(false);
+    rig.wait_slices("back after its reset", |s| unhealthy(s).is_empty());
+}

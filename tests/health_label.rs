@@ -251,6 +251,12 @@ fn a_lost_gpu_is_fenced_and_back_once_it_answers_again(b: Backend) {
     assert_eq!(g1["largest"], "none");
     assert!(gpu_entry(&api, 0)["unhealthy"].is_null());
     wait_event(&api, "GpuUnhealthy", "GPU 1 is unhealthy (GPU is lost)");
+    // A new layout reaches GPU 0; the lost GPU is left as it is.
+    api.label(LAYOUT, Some("ones"));
+    wait_state(&api, "success", "ones");
+    assert_eq!(gis(&node, 0), 7);
+    let reason = support::kube_agent::reason(&api);
+    assert!(reason.contains("GPU 1 is unhealthy (GPU is lost), left as it is"), "{reason}");
     // Its reset: it answers again, and is back without anyone saying so.
     set_lost(&node, 1, false);
     let note =
@@ -258,4 +264,5 @@ fn a_lost_gpu_is_fenced_and_back_once_it_answers_again(b: Backend) {
     println!("Event GpuRecovered: {note}");
     wait_for("GPU 1 healthy in the annotation", || gpu_entry(&api, 1)["unhealthy"].is_null());
     assert!(!std::fs::read_to_string(node.health_file()).unwrap().contains("lost"));
+    wait_for("GPU 1 gets the layout", || gis(&node, 1) == 7);
 }

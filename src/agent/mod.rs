@@ -127,7 +127,9 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(crate::metrics::Metrics::for_backend(raw_simulated));
     let gpu_health = Arc::new(crate::gpu_health::GpuHealth::load(&g.health_file, a.ignore_xids.clone()));
     let mps = crate::mps::Mps::from_args(g);
-    let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
+    let watched: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
+    // The event watch sees a lost GPU as lost; everything else sees it as it was last seen.
+    let backend: Arc<dyn GpuBackend> = Arc::new(crate::gpu_health::keep_lost::KeepingLost::new(watched.clone()));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let ended = runtime.block_on(async move {
         let (tx, rx) = mpsc::channel::<Wake>(8);
@@ -226,6 +228,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
             pod_source,
             hooks: agent_hooks,
             health: gpu_health,
+            watched,
         };
         async_main(a.clone(), mode, config, backend, outputs, tx, rx).await
     });
@@ -296,6 +299,8 @@ struct Outputs {
     pod_source: Option<Arc<crate::kubelet::pod_resources::Reported>>,
     hooks: Option<Arc<reconcile::AgentHooks>>,
     health: Arc<crate::gpu_health::GpuHealth>,
+    /// The GPUs as the event watch sees them (a lost GPU is lost).
+    watched: Arc<dyn GpuBackend>,
 }
 
 async fn async_main(
@@ -307,10 +312,19 @@ async fn async_main(
     tx: mpsc::Sender<Wake>,
     mut rx: mpsc::Receiver<Wake>,
 ) -> anyhow::Result<ExitCode> {
-    let Outputs { metrics, reporter, summaries, mps, plugin, pod_source, hooks: agent_hooks, health: gpu_health } =
-        outputs;
+    let Outputs {
+        metrics,
+        reporter,
+        summaries,
+        mps,
+        plugin,
+        pod_source,
+        hooks: agent_hooks,
+        health: gpu_health,
+        watched,
+    } = outputs;
     let (htx, mut hrx) = mpsc::channel::<Change>(16);
-    let watcher = crate::gpu_health::watch::Watcher::new(backend.clone(), gpu_health.clone(), metrics.clone());
+    let watcher = crate::gpu_health::watch::Watcher::new(watched, gpu_health.clone(), metrics.clone());
     crate::gpu_health::watch::spawn(watcher, htx);
     let health = Arc::new(Health::default());
     health.beat();
@@ -331,7 +345,6 @@ async fn async_main(
         summaries,
         config: config.clone(),
         health: gpu_health.clone(),
-        seen: Arc::default(),
     };
     spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
@@ -635,8 +648,6 @@ struct Collector {
     summaries: Option<KubeReporter>,
     config: ConfigSource,
     health: Arc<crate::gpu_health::GpuHealth>,
-    /// The GPUs as last observed (a lost GPU is shown as it was).
-    seen: Arc<std::sync::Mutex<Vec<crate::observed::GpuState>>>,
 }
 
 /// Whether the config text names `layout`.
@@ -660,7 +671,7 @@ impl Collector {
             .and_then(Result::ok)
             .and_then(|text| crate::config::parse(&text).ok())
             .map(|f| crate::frag::Workload { weights: f.workload });
-        let mut states = match crate::gpu_health::observe_keeping_lost(self.backend.as_ref(), &self.seen) {
+        let mut states = match self.backend.observe_all() {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics collection failed");

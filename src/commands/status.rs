@@ -293,10 +293,24 @@ fn table(doc: &StatusDoc) -> String {
     out
 }
 
+/// Every GPU that answers NVML; one that fell off the bus is left out and named on stderr (as
+/// `nvidia-smi` goes on past it), any other error is the error.
+fn answering(backend: &dyn crate::backend::GpuBackend) -> Result<Vec<GpuState>, crate::backend::BackendError> {
+    let mut states = Vec::new();
+    for gpu in 0..backend.gpu_count()? {
+        match backend.observe(gpu) {
+            Ok(s) => states.push(s),
+            Err(e @ crate::backend::BackendError::Call { code: 15, .. }) => tracing::warn!("GPU {gpu} left out: {e}"),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(states)
+}
+
 /// Runs `status`.
 pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let backend = open_backend(g)?;
-    let mut states = backend.observe_all().context("reading the GPUs")?;
+    let mut states = answering(backend.as_ref()).context("reading the GPUs")?;
     let (uses, source) = crate::kubelet::pod_resources::PodResources::from_args(g).probe();
     crate::kubelet::allocations::attach(&mut states, &uses.unwrap_or_default());
     let mps = crate::mps::Mps::from_args(g);

@@ -87,7 +87,9 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
     let raw: Arc<dyn GpuBackend> = Arc::from(gpupart_node::backend::open(g)?);
     let simulated = raw.is_simulated();
     let metrics = Arc::new(crate::metrics::Metrics::for_dra(simulated));
-    let backend: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
+    let watched: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
+    // The event watch sees a lost GPU as lost; publication and Prepare see it as last seen.
+    let backend: Arc<dyn GpuBackend> = Arc::new(crate::gpu_health::keep_lost::KeepingLost::new(watched.clone()));
     let gpu_health = Arc::new(crate::gpu_health::GpuHealth::load(&g.health_file, a.ignore_xids.clone()));
     let cfg = DriverConfig {
         pool: node.clone(),
@@ -150,7 +152,6 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             bad_reservation: Mutex::default(),
             health: gpu_health.clone(),
             taint_effect: a.health_taint_effect,
-            seen: Mutex::default(),
         });
         // A reservation written or removed on the node republishes at once; so does an operator's
         // recovery of unhealthy GPUs (the annotation is removed once read).
@@ -180,7 +181,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         // Every change of the GPUs' health republishes at once.
         let (htx, mut hrx) = tokio::sync::mpsc::channel(16);
         crate::gpu_health::watch::spawn(
-            crate::gpu_health::watch::Watcher::new(backend.clone(), gpu_health.clone(), metrics.clone()),
+            crate::gpu_health::watch::Watcher::new(watched, gpu_health.clone(), metrics.clone()),
             htx,
         );
         let me = dra.clone();

@@ -51,8 +51,6 @@ pub struct DraNode {
     pub health: Arc<crate::gpu_health::GpuHealth>,
     /// The unhealthy taint's effect.
     pub taint_effect: &'static str,
-    /// The GPUs as last observed (a lost GPU stays published as it was, tainted).
-    pub seen: Mutex<Vec<gpupart_node::observed::GpuState>>,
 }
 
 impl DraNode {
@@ -179,7 +177,7 @@ pub async fn publish_loop(
                 };
                 shares.insert(gpu, super::metrics::GpuShares { shares: n, memory_bytes, daemon_up });
             }
-            let states = crate::gpu_health::observe_keeping_lost(me.backend.as_ref(), &me.seen)?;
+            let states = me.backend.observe_all()?;
             let tables = |g: u32| states.iter().find(|s| s.info.index == g).map(|s| &s.profiles);
             let held = me.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
             let pending: Vec<DeviceRef> = held

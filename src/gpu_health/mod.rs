@@ -4,13 +4,12 @@
 //! the pure [`crate::health`]; a GPU comes back only when an operator says so or when a lost GPU
 //! answers again (its reset observed), never on a timer.
 
+pub mod keep_lost;
 pub mod metrics;
 pub mod record;
 pub mod watch;
 
-pub use record::{
-    describe, describe_mig, observe_keeping_lost, read_file, read_or_warn, write_file, GpuHealth, DEFAULT_FILE,
-};
+pub use record::{describe, describe_mig, read_file, read_or_warn, write_file, GpuHealth, DEFAULT_FILE};
 
 #[cfg(test)]
 mod tests;

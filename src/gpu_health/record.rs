@@ -128,25 +128,6 @@ impl GpuHealth {
     }
 }
 
-/// Observes every GPU; one that fell off the bus (`NVML_ERROR_GPU_IS_LOST`) is shown as it was
-/// last seen in `last` (which this refreshes), so what is published keeps it, fenced, instead of
-/// failing or dropping it. Any other error, or a lost GPU never seen, is the error.
-pub fn observe_keeping_lost(
-    backend: &dyn crate::backend::GpuBackend,
-    last: &Mutex<Vec<crate::observed::GpuState>>,
-) -> Result<Vec<crate::observed::GpuState>, crate::backend::BackendError> {
-    use crate::backend::BackendError;
-    let mut seen = last.lock().unwrap_or_else(|e| e.into_inner());
-    let states = (0..backend.gpu_count()?)
-        .map(|gpu| match backend.observe(gpu) {
-            Err(e @ BackendError::Call { code: 15, .. }) => seen.iter().find(|s| s.info.index == gpu).cloned().ok_or(e),
-            other => other,
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    seen.clone_from(&states);
-    Ok(states)
-}
-
 /// One line about a faulty MIG device: `GPU 1's MIG device 1g.10gb@4 (GPU instance 3, compute
 /// instance 0) is unhealthy (XID 94)`.
 pub fn describe_mig(m: &MigFault) -> String {

@@ -185,3 +185,17 @@ fn a_damaged_record_starts_empty_and_is_written_again_at_the_next_fault() {
     step(&mut r);
     assert!(read_file(&r.file).unwrap().is_unhealthy(0));
 }
+
+#[test]
+fn a_lost_gpu_is_observed_as_last_seen_and_one_never_seen_is_the_error() {
+    let inner = Arc::new(Scripted::default());
+    let keeping = super::keep_lost::KeepingLost::new(inner.clone());
+    let before = keeping.observe_all().unwrap();
+    inner.lost.lock().unwrap().insert(1);
+    assert_eq!(keeping.observe_all().unwrap(), before, "GPU 1 as last seen");
+    assert!(inner.observe(1).is_err(), "the inner backend says it is lost");
+    let fresh = super::keep_lost::KeepingLost::new(inner.clone());
+    let e = fresh.observe(1).unwrap_err();
+    assert!(e.to_string().contains("NVML_ERROR_GPU_IS_LOST"), "{e}");
+    assert!(fresh.observe(0).is_ok());
+}
