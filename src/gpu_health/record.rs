@@ -81,7 +81,8 @@ impl GpuHealth {
     pub fn record(&self, e: &GpuEvent, known: &[u32]) -> Result<Option<Unhealthy>, String> {
         let mut book = self.lock();
         let fresh = book.record(e, known, &self.policy)?.cloned();
-        if fresh.is_some() || book.is_unhealthy(e.gpu) {
+        // A fault is saved (a new record, or one more count); an ignored event writes nothing.
+        if crate::health::fault(e.kind, &self.policy).is_some() {
             self.save(&book);
         }
         Ok(fresh)
