@@ -116,7 +116,8 @@ fn a_stuck_node_is_visible_and_alerts(b: Backend) {
 }
 
 /// deploy/alerts.yaml passes `promtool check rules`, and `promtool test rules` shows its
-/// stuck-node alert firing after 10 minutes of `failed` and not before.
+/// stuck-node alert firing after 10 minutes of `failed` and not before, and its unhealthy-GPU
+/// alert firing for the fenced GPU only, a minute after the fence.
 fn check_alert_rule_fires() {
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/alerts.yaml");
     let (ok, out) = support::tool("promtool", &["check", "rules", rules]);
@@ -144,6 +145,23 @@ tests:
             exp_annotations:
               summary: "gpupart on gpu-node-1 has been failed for 10 min"
               description: "The requested layout cannot be applied: see gpupart_agent_attempts, gpupart_agent_failures_total and the node's Events (or the status file)."
+  - interval: 1m
+    input_series:
+      - series: 'gpupart_gpu_healthy{{instance="gpu-node-1",gpu="0"}}'
+        values: '1x10'
+      - series: 'gpupart_gpu_healthy{{instance="gpu-node-1",gpu="1"}}'
+        values: '1 1 0x8'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: GpupartGpuUnhealthy
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: GpupartGpuUnhealthy
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: gpu-node-1, gpu: "1"}}
+            exp_annotations:
+              summary: "GPU 1 on gpu-node-1 is fenced after an NVML fault"
+              description: "No new work is placed on it (see the node's GpuUnhealthy Event or `gpupart health`); once it is repaired or reset, bring it back with the gpupart.io/recover-gpus annotation (docs/health.md)."
 "#
         ),
     )
