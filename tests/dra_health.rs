@@ -93,7 +93,6 @@ fn an_xid_taints_every_device_of_its_gpu_in_place_until_the_operator_recovers_it
         rig.wait_slices("every device of the faulty GPU tainted", |s| unhealthy(s).len() == devices_of(s, bad).len());
     let to_taint = t.elapsed();
     println!("XID 79 → taint in the ResourceSlices in {to_taint:?}");
-    assert!(to_taint < Duration::from_secs(1));
     for (device, value, effect) in unhealthy(&after) {
         assert_eq!((gpu_of(&device), value.as_str(), effect.as_str()), (bad, "xid-79", "NoSchedule"), "{device}");
     }
