@@ -169,3 +169,26 @@ tests:
     let (ok, out) = support::tool("promtool", &["test", "rules", test.to_str().unwrap()]);
     assert!(ok, "{out}");
 }
+
+/// deploy/prometheusrule.yaml is a PrometheusRule whose `spec` holds exactly the groups of
+/// deploy/alerts.yaml, and its rules pass `promtool check rules` on their own.
+#[test]
+fn the_prometheus_rule_carries_the_same_rules_and_passes_promtool() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| -> serde_json::Value {
+        serde_saphyr::from_str(&std::fs::read_to_string(root.join(p)).unwrap()).unwrap()
+    };
+    let (rule, alerts) = (read("deploy/prometheusrule.yaml"), read("deploy/alerts.yaml"));
+    assert_eq!(
+        (rule["apiVersion"].as_str(), rule["kind"].as_str()),
+        (Some("monitoring.coreos.com/v1"), Some("PrometheusRule"))
+    );
+    assert_eq!(rule["metadata"]["namespace"], "gpupart-system");
+    assert_eq!(rule["spec"]["groups"], alerts["groups"], "the same rules as alerts.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec.yaml");
+    std::fs::write(&spec, serde_json::to_string(&rule["spec"]).unwrap()).unwrap();
+    let (ok, out) = support::tool("promtool", &["check", "rules", spec.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.contains("SUCCESS: 4 rules found"), "{out}");
+}
