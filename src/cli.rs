@@ -219,7 +219,18 @@ pub enum ExportFormat {
     Json,
 }
 
-/// Output format of `status`.
+/// Output format of `status`: a table, the JSON schema, or a picture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodeFormat {
+    /// A table per GPU.
+    Table,
+    /// The documented JSON schema (docs/status-json.md).
+    Json,
+    /// One self-contained SVG: each GPU's memory slices and instances (docs/pictures.md).
+    Svg,
+}
+
+/// Output format of `frag` and `health`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StatusFormat {
     /// A table per GPU.
@@ -876,6 +887,6 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub gpu: GpuArgs,
     /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
-    pub output: StatusFormat,
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = NodeFormat::Table)]
+    pub output: NodeFormat,
 }

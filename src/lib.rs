@@ -25,3 +25,4 @@ pub mod kube;
 pub mod kubelet;
 pub mod logging;
 pub mod metrics;
+pub mod picture;

@@ -2,7 +2,7 @@
 //! stable JSON schema documented in docs/status-json.md.
 
 use crate::backend::open as open_backend;
-use crate::cli::{GpuOptions, StatusArgs, StatusFormat};
+use crate::cli::{GpuOptions, NodeFormat, StatusArgs};
 use crate::mig::capacity::Occupancy;
 use crate::mig::Placement;
 use crate::observed::{GpuState, MigMode, Process};
@@ -323,9 +323,22 @@ pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         gpu.unhealthy_mig_devices = book.mig_faults(gpu.index).cloned().collect();
     }
     match a.output {
-        StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
-        StatusFormat::Table if doc.gpus.is_empty() => outln!("no GPUs found ({})", backend.describe()),
-        StatusFormat::Table => out!("{}", table(&doc)),
+        NodeFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
+        NodeFormat::Table if doc.gpus.is_empty() => outln!("no GPUs found ({})", backend.describe()),
+        NodeFormat::Table => out!("{}", table(&doc)),
+        NodeFormat::Svg => {
+            let extra: Vec<crate::picture::node::Extra> = doc
+                .gpus
+                .iter()
+                .map(|g| crate::picture::node::Extra {
+                    mps: g.mps.as_ref().map(|m| {
+                        let slots = m.replicas.unwrap_or(0);
+                        (slots, (m.daemon.clients.len() as u32).min(slots))
+                    }),
+                })
+                .collect();
+            out!("{}", crate::picture::node::render(&states, &extra, &book))
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

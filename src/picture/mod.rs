@@ -1,0 +1,45 @@
+//! Pictures of the GPUs as self-contained SVG (no scripts, no external fonts): [`node`] draws one
+//! node's GPUs as bars of memory slices. Colours are the Okabe–Ito palette, readable with every
+//! common colour-vision deficiency, and the text follows the viewer's dark mode.
+
+pub mod node;
+
+/// The Okabe–Ito palette (Okabe & Ito, "Color Universal Design", 2008).
+pub mod palette {
+    /// Sky blue: a one-slice instance.
+    pub const SKY_BLUE: &str = "#56B4E9";
+    /// Bluish green: a two-slice instance.
+    pub const BLUISH_GREEN: &str = "#009E73";
+    /// Blue: a three- or four-slice instance.
+    pub const BLUE: &str = "#0072B2";
+    /// Reddish purple: an instance of the whole GPU's memory.
+    pub const REDDISH_PURPLE: &str = "#CC79A7";
+    /// Vermillion: stranded slices and unhealthy GPUs.
+    pub const VERMILLION: &str = "#D55E00";
+    /// Orange: MPS.
+    pub const ORANGE: &str = "#E69F00";
+}
+
+/// `s` with `&`, `<`, `>` and `"` escaped for SVG text and attributes.
+pub fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// The document's style: light by default, dark where the viewer prefers it.
+pub const STYLE: &str = "<style>\
+text{font-family:sans-serif;font-size:12px;fill:#000}\
+.bg{fill:#fff}\
+.free{fill:#f2f2f2;stroke:#bbb;stroke-width:1}.instance{stroke:#000;stroke-width:1}\
+.label{font-size:11px;fill:#000}.note{fill:#555}\
+.stranded{fill:url(#stranded)}.unhealthy{fill:#D55E00}\
+@media (prefers-color-scheme:dark){text,.label{fill:#eee}.bg{fill:#1e1e1e}.free{fill:#333}\
+.note{fill:#bbb}.instance{stroke:#eee}}\
+</style>";
+
+/// Hatching for busy instances and the cross-hatch of stranded slices.
+pub const PATTERNS: &str = "<defs>\
+<pattern id=\"busy\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">\
+<rect width=\"2\" height=\"6\" fill=\"#000\" fill-opacity=\"0.45\"/></pattern>\
+<pattern id=\"stranded\" width=\"8\" height=\"8\" patternUnits=\"userSpaceOnUse\">\
+<path d=\"M0,0L8,8M8,0L0,8\" stroke=\"#D55E00\" stroke-width=\"1.5\"/></pattern>\
+</defs>";
