@@ -689,11 +689,9 @@ impl Collector {
         let fenced = self.health.snapshot();
         self.metrics.health().show(&fenced, states.len() as u32);
         self.summaries.as_ref()?;
-        let mut frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
-        crate::kube::summary::fence(&mut frags, &fenced);
-        let node = crate::frag::node_frag(&frags);
+        let frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
         let configured = workload.as_ref().is_some_and(|w| !w.weights.is_empty());
-        Some(crate::kube::summary::summarize(&states, &frags, &node, configured, &fenced))
+        Some(crate::kube::summary::summarize(&states, frags, configured, &fenced))
     }
 }
 

@@ -233,10 +233,15 @@ pub fn reconcile(
     // Plans, announces the change, and reads the kubelet's allocations again right before it:
     // a pod admitted since planning must not lose its device (then it plans again).
     let opts = crate::reconfigure::Options { force: s.force, mode_only: false, exec: s.exec };
-    let planned = plan_settled(backend, config, opts, edges.mps, edges.allocations, &mut |p| {
+    // Unhealthy GPUs are left as they are before the change is announced.
+    let mut left = Vec::new();
+    let mut adjust = |p: &mut Planned| {
+        left = edges.fenced.map(|b| leave_unhealthy(&mut p.jobs, &mut p.mps_plans, b)).unwrap_or_default();
+    };
+    let planned = plan_settled(backend, config, opts, edges.mps, edges.allocations, &mut adjust, &mut |p| {
         on_pending(&pending_status(layout, name, p))
     });
-    let Planned { mut jobs, mut mps_plans, .. } = match planned {
+    let Planned { jobs, mps_plans, .. } = match planned {
         Ok(p) => p,
         Err(PassError::Observe(e)) => return failed(layout, Failure::Gpu, format!("reading the GPUs: {e}"), true),
         Err(PassError::Prepare(e)) => {
@@ -258,7 +263,6 @@ pub fn reconcile(
             _ => None,
         })
         .collect();
-    let left = edges.fenced.map(|b| leave_unhealthy(&mut jobs, &mut mps_plans, b)).unwrap_or_default();
     let (kept, destroyed, created) = counts(&jobs);
     let with_counts = |mut st: AgentStatus, ms: u64| {
         (st.kept, st.destroyed, st.created, st.duration_ms) = (kept, destroyed, created, ms);

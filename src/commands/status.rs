@@ -300,7 +300,7 @@ fn answering(backend: &dyn crate::backend::GpuBackend) -> Result<Vec<GpuState>, 
     for gpu in 0..backend.gpu_count()? {
         match backend.observe(gpu) {
             Ok(s) => states.push(s),
-            Err(e @ crate::backend::BackendError::Call { code: 15, .. }) => tracing::warn!("GPU {gpu} left out: {e}"),
+            Err(e) if e.is_gpu_lost() => tracing::warn!("GPU {gpu} left out: {e}"),
             Err(e) => return Err(e),
         }
     }

@@ -254,10 +254,7 @@ pub async fn publish_loop(
                                 gpupart_node::frag::count_mps_slots(f, clients, g.shares.min(clients));
                             }
                         }
-                        crate::kube::summary::fence(&mut frags, &book);
-                        let totals = gpupart_node::frag::node_frag(&frags);
-                        node.summaries
-                            .publish_summary(crate::kube::summary::summarize(&states, &frags, &totals, false, &book));
+                        node.summaries.publish_summary(crate::kube::summary::summarize(&states, frags, false, &book));
                         tracing::debug!(
                             devices = p.devices,
                             written = p.written,

@@ -8,9 +8,6 @@ use crate::mig::Placement;
 use crate::observed::{ComputeMode, GpuState};
 use std::sync::{Arc, Mutex};
 
-/// `NVML_ERROR_GPU_IS_LOST`.
-const GPU_IS_LOST: u32 = 15;
-
 /// Wraps a backend; see the module doc.
 pub struct KeepingLost {
     inner: Arc<dyn GpuBackend>,
@@ -55,7 +52,7 @@ impl GpuBackend for KeepingLost {
                 seen[slot] = Some(s.clone());
                 Ok(s)
             }
-            Err(e @ BackendError::Call { code: GPU_IS_LOST, .. }) => seen.get(slot).cloned().flatten().ok_or(e),
+            Err(e) if e.is_gpu_lost() => seen.get(slot).cloned().flatten().ok_or(e),
             Err(e) => Err(e),
         }
     }

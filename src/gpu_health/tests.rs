@@ -29,7 +29,7 @@ fn refused<T>() -> Result<T, BackendError> {
 }
 
 fn lost(gpu: u32) -> BackendError {
-    BackendError::call(gpu, "nvmlEventSetWait_v2", 15, "")
+    BackendError::call(gpu, "nvmlEventSetWait_v2", crate::backend::GPU_IS_LOST, "")
 }
 
 impl GpuBackend for Scripted {
@@ -50,7 +50,7 @@ impl GpuBackend for Scripted {
     }
     fn observe(&self, gpu: u32) -> Result<GpuState, BackendError> {
         if self.lost.lock().unwrap().contains(&gpu) {
-            return Err(BackendError::call(gpu, "nvmlDeviceGetPciInfo_v3", 15, ""));
+            return Err(BackendError::call(gpu, "nvmlDeviceGetPciInfo_v3", crate::backend::GPU_IS_LOST, ""));
         }
         self.sim.observe(gpu)
     }

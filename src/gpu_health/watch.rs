@@ -4,14 +4,11 @@
 //! registers its GPUs again); a GPU that is lost is fenced, and healthy again once it answers.
 
 use super::record::GpuHealth;
-use crate::backend::{BackendError, GpuBackend};
+use crate::backend::GpuBackend;
 use crate::health::{EventKind, GpuEvent, MigFault, Unhealthy};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// `NVML_ERROR_GPU_IS_LOST`.
-const GPU_IS_LOST: u32 = 15;
 
 /// A change of the node's health, for the agent to publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,10 +53,6 @@ pub struct Watcher {
     waited_lost: bool,
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
-
 impl Watcher {
     /// A watcher of `backend`'s GPUs into `health`.
     pub fn new(backend: Arc<dyn GpuBackend>, health: Arc<GpuHealth>, metrics: Arc<crate::metrics::Metrics>) -> Self {
@@ -80,7 +73,7 @@ impl Watcher {
                 self.reread(&mut out);
                 self.event(&e, &mut out);
             }
-            Err(BackendError::Call { code: GPU_IS_LOST, .. }) => {
+            Err(e) if e.is_gpu_lost() => {
                 self.waited_lost = true;
                 self.probe_lost(&mut out);
             }
@@ -134,9 +127,9 @@ impl Watcher {
     fn probe_lost(&mut self, out: &mut Vec<Change>) {
         let count = self.backend.gpu_count().unwrap_or(0);
         for gpu in 0..count {
-            if let Err(BackendError::Call { code: GPU_IS_LOST, .. }) = self.backend.observe(gpu) {
+            if self.backend.observe(gpu).is_err_and(|e| e.is_gpu_lost()) {
                 self.lost.insert(gpu);
-                let e = GpuEvent { gpu, kind: EventKind::GpuLost, instance: None, at: now() };
+                let e = GpuEvent { gpu, kind: EventKind::GpuLost, instance: None, at: crate::clock::now_secs() };
                 self.event(&e, out);
             }
         }

@@ -4,7 +4,7 @@
 //! figures, and a selectable boolean label. Contains no timestamps, so it only changes when the
 //! GPUs do (zero writes at steady state).
 
-use crate::frag::{GpuFrag, NodeFrag};
+use crate::frag::GpuFrag;
 use crate::health::HealthBook;
 use crate::observed::GpuState;
 use serde_json::json;
@@ -21,7 +21,7 @@ pub struct Summary {
 
 /// Takes the capacity of unhealthy GPUs out of their figures: nothing creatable, not a free
 /// whole GPU, no unallocated capacity (what schedulers and the controller read).
-pub fn fence(frags: &mut [GpuFrag], book: &HealthBook) {
+fn fence(frags: &mut [GpuFrag], book: &HealthBook) {
     for f in frags.iter_mut().filter(|f| book.is_unhealthy(f.index)) {
         f.profiles.iter_mut().for_each(|p| p.creatable = 0);
         (f.largest_creatable, f.largest_creatable_slices) = (None, 0);
@@ -30,15 +30,18 @@ pub fn fence(frags: &mut [GpuFrag], book: &HealthBook) {
     }
 }
 
-/// Builds the summary of the observed GPUs (`frags` already [`fence`]d); an unhealthy GPU
-/// carries `"unhealthy": "<reason>"`.
+/// Builds the summary of the observed GPUs and their figures (`frags`, in `states` order): the
+/// capacity of unhealthy GPUs is taken out first, and each carries `"unhealthy": "<reason>"`
+/// (a faulty MIG device is listed in `unhealthyDevices`).
 pub fn summarize(
     states: &[GpuState],
-    frags: &[GpuFrag],
-    node: &NodeFrag,
+    mut frags: Vec<GpuFrag>,
     configured_workload: bool,
     fenced: &HealthBook,
 ) -> Summary {
+    fence(&mut frags, fenced);
+    let node = &crate::frag::node_frag(&frags);
+    let frags = &frags;
     let gpus: Vec<serde_json::Value> = states
         .iter()
         .zip(frags)

@@ -108,6 +108,20 @@ pub fn fault(kind: EventKind, policy: &XidPolicy) -> Option<String> {
     }
 }
 
+/// The record of event `e` when it is a fault of one of the `known` GPUs (one fault counted);
+/// `None` for an event that fences nothing; the error for a GPU the node does not have.
+fn judge(e: &GpuEvent, known: &[u32], policy: &XidPolicy) -> Result<Option<Unhealthy>, String> {
+    if !known.contains(&e.gpu) {
+        return Err(format!("an event for GPU {} that this node does not have", e.gpu));
+    }
+    let Some(reason) = fault(e.kind, policy) else { return Ok(None) };
+    let xid = match e.kind {
+        EventKind::Xid(x) => Some(x),
+        _ => None,
+    };
+    Ok(Some(Unhealthy { reason, xid, instance: e.instance, since: e.at, faults: 1 }))
+}
+
 /// An unhealthy GPU: the first fault seen, when, and how many since.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,17 +174,9 @@ impl HealthBook {
     /// Records an event of a GPU among `known`; returns the GPU's record when the event made it
     /// unhealthy now (not when it already was, nor for an event that fences nothing).
     pub fn record(&mut self, e: &GpuEvent, known: &[u32], policy: &XidPolicy) -> Result<Option<&Unhealthy>, String> {
-        if !known.contains(&e.gpu) {
-            return Err(format!("an event for GPU {} that this node does not have", e.gpu));
-        }
-        let Some(reason) = fault(e.kind, policy) else { return Ok(None) };
-        let xid = match e.kind {
-            EventKind::Xid(x) => Some(x),
-            _ => None,
-        };
+        let Some(first) = judge(e, known, policy)? else { return Ok(None) };
         let fresh = !self.gpus.contains_key(&e.gpu);
-        let entry =
-            self.gpus.entry(e.gpu).or_insert(Unhealthy { reason, xid, instance: e.instance, since: e.at, faults: 0 });
+        let entry = self.gpus.entry(e.gpu).or_insert(Unhealthy { faults: 0, ..first });
         entry.faults += 1;
         Ok(if fresh { Some(entry) } else { None })
     }
@@ -186,10 +192,7 @@ impl HealthBook {
         known: &[u32],
         policy: &XidPolicy,
     ) -> Result<Option<&MigFault>, String> {
-        if !known.contains(&e.gpu) {
-            return Err(format!("an event for GPU {} that this node does not have", e.gpu));
-        }
-        let Some(reason) = fault(e.kind, policy) else { return Ok(None) };
+        let Some(fault) = judge(e, known, policy)? else { return Ok(None) };
         if let Some(g) = self.gpus.get_mut(&e.gpu) {
             g.faults += 1;
             return Ok(None);
@@ -198,11 +201,6 @@ impl HealthBook {
             m.fault.faults += 1;
             return Ok(None);
         }
-        let xid = match e.kind {
-            EventKind::Xid(x) => Some(x),
-            _ => None,
-        };
-        let fault = Unhealthy { reason, xid, instance: e.instance, since: e.at, faults: 1 };
         self.mig.push(MigFault { gpu: e.gpu, profile: profile.to_string(), placement, fault });
         Ok(self.mig.last())
     }

@@ -83,18 +83,22 @@ pub fn recheck(planned: &Planned, allocations: Option<&dyn AllocationSource>, fo
     }
 }
 
-/// Plans until no new allocation stands in the way (at most [`REPLANS`] times).
+/// Plans until no new allocation stands in the way (at most [`REPLANS`] times). Each plan is
+/// first `adjust`ed (the agent drops the changes of unhealthy GPUs there), so what is announced
+/// and checked is what will run.
 pub fn plan_settled(
     backend: &dyn GpuBackend,
     config: &MigConfig,
     opts: Options,
     mps: Option<&Mps>,
     allocations: Option<&dyn AllocationSource>,
+    adjust: &mut dyn FnMut(&mut Planned),
     before_recheck: &mut dyn FnMut(&Planned),
 ) -> Result<Planned, PassError> {
     let mut last = Vec::new();
     for attempt in 1..=REPLANS {
-        let planned = plan_node(backend, config, opts.force, opts.mode_only, mps, allocations)?;
+        let mut planned = plan_node(backend, config, opts.force, opts.mode_only, mps, allocations)?;
+        adjust(&mut planned);
         if planned.jobs.iter().all(Job::is_noop) && planned.mps_plans.iter().all(|p| !p.action.changes()) {
             return Ok(planned);
         }
@@ -192,7 +196,8 @@ pub fn run_with(
     allocations: Option<&dyn AllocationSource>,
     before_execute: &mut dyn FnMut(&[Job]) -> Result<(), String>,
 ) -> Result<Pass, PassError> {
-    let Planned { jobs, mps_plans, .. } = plan_settled(backend, config, opts, mps, allocations, &mut |_| {})?;
+    let Planned { jobs, mps_plans, .. } =
+        plan_settled(backend, config, opts, mps, allocations, &mut |_| {}, &mut |_| {})?;
     before_execute(&jobs).map_err(PassError::Hook)?;
     let (reports, mps_reports) = execute_node(backend, &jobs, mps.map(|m| (m, mps_plans.as_slice())), opts.exec);
     Ok(Pass { jobs, reports, mps_plans, mps: mps_reports })

@@ -101,7 +101,7 @@ pub(crate) unsafe fn put_list<T: Copy>(buf: *mut T, count: *mut c_uint, items: &
 }
 
 /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus (`lost` in the state).
-pub(crate) const GPU_IS_LOST: Ret = 15;
+pub(crate) const GPU_IS_LOST: Ret = gpupart_mig::sim::NvmlCode::GpuIsLost as Ret;
 
 /// GPU `g`, unless it is lost.
 fn present(s: &SimState, g: u32) -> Result<&SimGpu, Ret> {

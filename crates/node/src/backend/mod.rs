@@ -38,7 +38,15 @@ pub enum BackendError {
     Persist(String),
 }
 
+/// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus or is otherwise inaccessible.
+pub const GPU_IS_LOST: u32 = crate::mig::sim::NvmlCode::GpuIsLost as u32;
+
 impl BackendError {
+    /// Whether the call failed because its GPU is lost ([`GPU_IS_LOST`]).
+    pub fn is_gpu_lost(&self) -> bool {
+        matches!(self, BackendError::Call { code: GPU_IS_LOST, .. })
+    }
+
     /// A failed call with the name looked up from the code.
     pub fn call(gpu: u32, function: &'static str, code: u32, detail: impl Into<String>) -> Self {
         Self::Call { gpu, function, code, name: code_name(code), detail: detail.into() }

@@ -221,7 +221,7 @@ impl GpuBackend for SimBackend {
                 // A GPU that fell off the bus ends every wait, as the driver does.
                 if let Some(lost) = g.state.gpus.iter().find(|x| x.lost) {
                     let why = format!("GPU {} has fallen off the bus", lost.index);
-                    return Err(BackendError::call(lost.index, "nvmlEventSetWait_v2", 15, why));
+                    return Err(BackendError::call(lost.index, "nvmlEventSetWait_v2", super::GPU_IS_LOST, why));
                 }
                 let after = *cursor.get_or_insert_with(|| g.state.events.last().map_or(0, |e| e.seq));
                 g.state.events.iter().find(|e| e.seq > after).cloned()
