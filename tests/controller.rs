@@ -524,9 +524,7 @@ fn an_unhealthy_gpu_is_not_recut_and_the_waiting_pod_is_told_until_the_operator_
     let mut rig = Rig::start("A100-SXM4-80GB:1", &["gpu-a"], "all-3g.40gb");
     rig.schedule();
     let node = rig.nodes["gpu-a"].clone();
-    let mut s = node.load();
-    s.inject_event(0, gpupart::mig::sim::state::EVENT_XID, 79, None);
-    node.save(&s);
+    node.inject_xid(0, 79, None);
     let gpus = |r: &Rig| {
         let n = r.api.get("nodes", "", "gpu-a").unwrap();
         n["metadata"]["annotations"]["gpupart.io/gpus"].as_str().unwrap_or_default().to_string()

@@ -10,7 +10,6 @@
 mod support;
 
 use gpupart::dra::slices::SliceSpec;
-use gpupart::mig::sim::state::EVENT_XID;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,13 +37,6 @@ fn unhealthy(slices: &[(String, SliceSpec)]) -> Vec<(String, String, String)> {
 
 fn devices_of(slices: &[(String, SliceSpec)], gpu: u32) -> Vec<String> {
     slices.iter().flat_map(|(_, s)| &s.devices).map(|d| d.name.clone()).filter(|n| gpu_of(n) == gpu).collect()
-}
-
-fn inject(rig: &DraRig, gpu: u32, xid: u64) -> Instant {
-    let mut s = rig.node.load();
-    s.inject_event(gpu, EVENT_XID, xid, None);
-    rig.node.save(&s);
-    Instant::now()
 }
 
 #[test]
@@ -87,8 +79,8 @@ fn an_xid_taints_every_device_of_its_gpu_in_place_until_the_operator_recovers_it
         })
     };
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
-    inject(&rig, good, 43);
-    let t = inject(&rig, bad, 79);
+    rig.node.inject_xid(good, 43, None);
+    let t = rig.node.inject_xid(bad, 79, None);
     let after =
         rig.wait_slices("every device of the faulty GPU tainted", |s| unhealthy(s).len() == devices_of(s, bad).len());
     let to_taint = t.elapsed();
@@ -153,8 +145,8 @@ fn behind_the_flag_the_taint_evicts_and_a_flag_that_does_not_read_is_refused_by_
     rig.kubelet.wait_registered(1);
     rig.wait_slices("the pool", |s| !s.is_empty());
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
-    inject(&rig, 0, 79); // ignored by the flag
-    inject(&rig, 0, 48);
+    rig.node.inject_xid(0, 79, None); // ignored by the flag
+    rig.node.inject_xid(0, 48, None);
     let s = rig.wait_slices("the GPU tainted", |s| !unhealthy(s).is_empty());
     assert!(
         unhealthy(&s).iter().all(|(_, v, e)| (v.as_str(), e.as_str()) == ("xid-48", "NoExecute")),
@@ -180,9 +172,7 @@ fn an_xid_naming_a_mig_device_taints_only_what_holds_its_slices_even_after_it_is
         (inst["gpu_instance_id"].as_u64().unwrap() as u32, inst["compute_instance_id"].as_u64().unwrap() as u32);
     let start = inst["placement"]["start"].as_u64().unwrap() as u32;
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
-    let mut s = rig.node.load();
-    s.inject_event(0, EVENT_XID, 94, Some((gi, ci)));
-    rig.node.save(&s);
+    rig.node.inject_xid(0, 94, Some((gi, ci)));
     let overlaps = |name: &str| {
         // `gpu-0-mig-<g>-<memory>[-me]-<id>-<start>`: whether it spans the faulty slice `start`.
         let parts: Vec<&str> = name.split('-').collect();
@@ -239,12 +229,7 @@ fn a_lost_gpu_stays_listed_tainted_while_the_other_serves_and_comes_back_after_i
     let before = rig.wait_slices("the pool", |s| !s.is_empty());
     let generation = before[0].1.pool.generation;
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
-    let set_lost = |lost: bool| {
-        let mut s = rig.node.load();
-        s.gpus[1].lost = lost;
-        rig.node.save(&s);
-    };
-    set_lost(true);
+    rig.node.set_lost(1, true);
     let after = rig.wait_slices("GPU 1 tainted", |s| unhealthy(s).len() == devices_of(s, 1).len());
     assert!(unhealthy(&after).iter().all(|(d, v, _)| gpu_of(d) == 1 && v == "gpu-lost"));
     assert_eq!(after[0].1.pool.generation, generation, "listed as last seen, in place");
@@ -256,6 +241,6 @@ fn a_lost_gpu_stays_listed_tainted_while_the_other_serves_and_comes_back_after_i
     rig.set_allocation("b", &[("gpu", DRIVER, NODE, "gpu-1")]);
     let refused = rig.prepare("b").unwrap_err();
     assert!(refused.contains("is on GPU 1, which is unhealthy (GPU is lost)"), "{refused}");
-    set_lost(false);
+    rig.node.set_lost(1, false);
     rig.wait_slices("back after its reset", |s| unhealthy(s).is_empty());
 }

@@ -88,11 +88,9 @@ fn exported() -> BTreeSet<String> {
     let _agent = start_config(&node, &api, &cfg, &flags, &[]);
     wait_state(&api, "success", "m");
     std::thread::sleep(std::time::Duration::from_millis(600)); // the watch has made its event set
-    let mut s = node.load();
-    s.inject_event(0, gpupart::mig::sim::state::EVENT_XID, 79, None);
-    s.inject_event(0, gpupart::mig::sim::state::EVENT_DOUBLE_BIT_ECC, 0, None);
-    let uuid = s.gpus[1].uuid.clone();
-    node.save(&s);
+    node.inject_xid(0, 79, None);
+    node.inject_event(0, gpupart::mig::sim::state::EVENT_DOUBLE_BIT_ECC, 0, None);
+    let uuid = node.load().gpus[1].uuid.clone();
     let pid_file = node.mps_root().join(uuid).join("pipe").join("nvidia-cuda-mps-control.pid");
     let pid = std::fs::read_to_string(pid_file).unwrap();
     std::process::Command::new("kill").args(["-9", pid.trim()]).status().unwrap();

@@ -10,21 +10,15 @@ use gpupart::health::{EventKind, GpuEvent};
 use std::time::{Duration, Instant};
 use support::{Backend, Node};
 
-fn inject(node: &Node, gpu: u32, event_type: u64, data: u64, instance: Option<(u32, u32)>) {
-    let mut s = node.load();
-    s.inject_event(gpu, event_type, data, instance);
-    node.save(&s);
-}
-
 fn kinds(b: &dyn GpuBackend, node: &Node) -> Vec<GpuEvent> {
-    inject(node, 1, 0x8, 31, None); // before the first wait: not seen
+    node.inject_event(1, 0x8, 31, None); // before the first wait: not seen
     let t = Instant::now();
     assert_eq!(b.next_event(Duration::from_millis(80)).unwrap(), None, "{}", b.describe());
     assert!(t.elapsed() >= Duration::from_millis(80));
-    inject(node, 1, 0x8, 79, None);
-    inject(node, 0, 0x2, 0, None);
-    inject(node, 1, 0x8, 94, Some((3, 0)));
-    inject(node, 1, 0x1, 0, None);
+    node.inject_event(1, 0x8, 79, None);
+    node.inject_event(0, 0x2, 0, None);
+    node.inject_event(1, 0x8, 94, Some((3, 0)));
+    node.inject_event(1, 0x1, 0, None);
     let mut got = Vec::new();
     while let Some(e) = b.next_event(Duration::from_millis(500)).unwrap() {
         got.push(e);

@@ -13,7 +13,6 @@
 #[macro_use]
 mod support;
 
-use gpupart::mig::sim::state::EVENT_XID;
 use std::time::{Duration, Instant};
 use support::apiserver::ApiServer;
 use support::kube_agent::{start_config, wait_event, wait_state, LAYOUT, NODE};
@@ -44,13 +43,6 @@ mig-configs:
       mig-enabled: false
       mps: {replicas: 3}
 "#;
-
-fn inject(node: &Node, gpu: u32, xid: u64) -> Instant {
-    let mut s = node.load();
-    s.inject_event(gpu, EVENT_XID, xid, None);
-    node.save(&s);
-    Instant::now()
-}
 
 /// The agent's `gpupart.io/gpus` entry for GPU `i`.
 fn gpu_entry(api: &ApiServer, i: usize) -> serde_json::Value {
@@ -90,9 +82,9 @@ fn an_xid_fences_a_gpu_until_the_operator_recovers_it(b: Backend) {
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
 
     // An application's XID changes nothing.
-    inject(&node, 0, 43);
+    node.inject_xid(0, 43, None);
     // A device XID on the A100 GPU 1: its capacity leaves the annotation.
-    let t = inject(&node, 1, 79);
+    let t = node.inject_xid(1, 79, None);
     wait_for("GPU 1 unhealthy in the annotation", || gpu_entry(&api, 1)["unhealthy"] == "XID 79");
     let to_annotation = t.elapsed();
     let g1 = gpu_entry(&api, 1);
@@ -102,7 +94,7 @@ fn an_xid_fences_a_gpu_until_the_operator_recovers_it(b: Backend) {
     let note = wait_event(&api, "GpuUnhealthy", "GPU 1 is unhealthy (XID 79)");
     println!("Event GpuUnhealthy: {note}");
     // A device XID on the V100 GPU 3: its MPS slots turn Unhealthy at the kubelet.
-    let t = inject(&node, 3, 79);
+    let t = node.inject_xid(3, 79, None);
     let unhealthy_slots = |d: &[(String, String)]| {
         d.len() == 4 && d.iter().all(|(id, h)| (h == "Unhealthy") == id.starts_with(v1.as_str()))
     };
@@ -149,7 +141,7 @@ fn on_bare_metal_status_shows_the_fence_and_the_health_verb_lifts_it(b: Backend)
     let agent = support::baremetal::start(&node, &layout, &["--poll-interval", "100ms", "--resync-interval", "1h"]);
     agent.wait_for("success", "all-balanced");
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
-    inject(&node, 1, 48);
+    node.inject_xid(1, 48, None);
     wait_for("GPU 1 unhealthy in status", || node.status()["gpus"][1]["unhealthy"]["reason"] == "XID 48");
     assert!(node.status()["gpus"][0]["unhealthy"].is_null());
     let shown = node.run(&["health"]).ok().stdout;
@@ -202,9 +194,7 @@ fn an_xid_naming_a_mig_device_keeps_it_and_its_gpu_as_they_are_while_the_rest_se
     let id = |k: &str| three[k].as_u64().unwrap() as u32;
     let start = three["placement"]["start"].as_u64().unwrap();
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
-    let mut s = node.load();
-    s.inject_event(0, EVENT_XID, 94, Some((id("gpu_instance_id"), id("compute_instance_id"))));
-    node.save(&s);
+    node.inject_xid(0, 94, Some((id("gpu_instance_id"), id("compute_instance_id"))));
     let device = format!("3g.40gb@{start}");
     wait_for("the faulty device in the annotation", || gpu_entry(&api, 0)["unhealthyDevices"][&device] == "XID 94");
     assert!(gpu_entry(&api, 0)["unhealthy"].is_null(), "the rest of GPU 0 serves on");
@@ -228,12 +218,6 @@ fn an_xid_naming_a_mig_device_keeps_it_and_its_gpu_as_they_are_while_the_rest_se
     wait_for("the annotation clears", || gpu_entry(&api, 0)["unhealthyDevices"].is_null());
 }
 
-fn set_lost(node: &Node, gpu: usize, lost: bool) {
-    let mut s = node.load();
-    s.gpus[gpu].lost = lost;
-    node.save(&s);
-}
-
 fn a_lost_gpu_is_fenced_and_back_once_it_answers_again(b: Backend) {
     let node = Node::with(b, "A100-SXM4-80GB:2");
     let api = ApiServer::start(NODE);
@@ -243,7 +227,7 @@ fn a_lost_gpu_is_fenced_and_back_once_it_answers_again(b: Backend) {
         start_config(&node, &api, &cfg, &["--annotation-min-interval", "50ms", "--metrics-interval", "200ms"], &[]);
     wait_state(&api, "success", "three");
     std::thread::sleep(Duration::from_millis(600)); // the watch has made its event set
-    set_lost(&node, 1, true);
+    node.set_lost(1, true);
     wait_for("GPU 1 lost in the annotation", || gpu_entry(&api, 1)["unhealthy"] == "GPU is lost");
     let g1 = gpu_entry(&api, 1);
     assert_eq!(g1["layout"].as_array().map(Vec::len), Some(3), "listed as last seen: {g1}");
@@ -257,7 +241,7 @@ fn a_lost_gpu_is_fenced_and_back_once_it_answers_again(b: Backend) {
     let reason = support::kube_agent::reason(&api);
     assert!(reason.contains("GPU 1 is unhealthy (GPU is lost), left as it is"), "{reason}");
     // Its reset: it answers again, and is back without anyone saying so.
-    set_lost(&node, 1, false);
+    node.set_lost(1, false);
     let note =
         wait_event(&api, "GpuRecovered", "GPU 1 healthy again: it answers again after it was lost (reset observed)");
     println!("Event GpuRecovered: {note}");

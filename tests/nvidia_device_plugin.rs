@@ -9,7 +9,6 @@
 
 mod support;
 
-use gpupart::mig::sim::state::EVENT_XID;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -73,13 +72,6 @@ fn start(node: &Node, args: &[&str]) -> Plugin {
     Plugin(child)
 }
 
-fn inject(node: &Node, gpu: u32, xid: u64, instance: Option<(u32, u32)>) -> Instant {
-    let mut s = node.load();
-    s.inject_event(gpu, EVENT_XID, xid, instance);
-    node.save(&s);
-    Instant::now()
-}
-
 /// The health of `id` in the last list that has it.
 fn health(k: &FakeKubelet, id: &str) -> Option<String> {
     let seen = k.seen.lock().unwrap();
@@ -117,8 +109,8 @@ fn nvidia_device_plugin_health_checks_run_on_the_fake() {
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(200));
-    inject(&node, 0, 43, None);
-    let t = inject(&node, 1, 79, None);
+    node.inject_xid(0, 43, None);
+    let t = node.inject_xid(1, 79, None);
     let took = t.elapsed() + wait_health(&kubelet, &g1, "Unhealthy", &log);
     println!("XID 79 → Unhealthy at the kubelet through NVIDIA's device plugin in {took:?}");
     assert_eq!(health(&kubelet, &g0).as_deref(), Some("Healthy"), "XID 43 is ignored");
@@ -162,7 +154,7 @@ fn nvidia_device_plugin_fences_only_the_mig_device_an_event_names() {
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(200));
-    inject(&node, 0, 94, Some((gi, ci)));
+    node.inject_xid(0, 94, Some((gi, ci)));
     wait_health(&kubelet, &faulty, "Unhealthy", &log);
     for (profile, _, _, uuid) in devices.iter().filter(|d| d.3 != faulty) {
         assert_eq!(

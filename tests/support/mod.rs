@@ -294,6 +294,43 @@ impl Node {
         store::save(&self.state, s).unwrap();
     }
 
+    /// Changes the state file under its lock, as the agent and the fake library do, so a change
+    /// made while they write is never lost.
+    pub fn change(&self, f: impl FnOnce(&mut SimState)) {
+        let mut file = store::SharedFile::new(&self.state);
+        let mut s = self.load();
+        file.update(&mut s, |s| {
+            f(s);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    }
+
+    /// Appends an NVML event for GPU `gpu` (one MIG instance when given: GPU and compute
+    /// instance ids); when it was appended.
+    pub fn inject_event(
+        &self,
+        gpu: u32,
+        event_type: u64,
+        data: u64,
+        instance: Option<(u32, u32)>,
+    ) -> std::time::Instant {
+        self.change(|s| {
+            s.inject_event(gpu, event_type, data, instance);
+        });
+        std::time::Instant::now()
+    }
+
+    /// An XID critical error on GPU `gpu` (or one of its MIG instances); when it was appended.
+    pub fn inject_xid(&self, gpu: u32, xid: u64, instance: Option<(u32, u32)>) -> std::time::Instant {
+        self.inject_event(gpu, gpupart::mig::sim::state::EVENT_XID, xid, instance)
+    }
+
+    /// GPU `gpu` falls off the bus (`lost`), or answers again after its reset.
+    pub fn set_lost(&self, gpu: usize, lost: bool) {
+        self.change(|s| s.gpus[gpu].lost = lost);
+    }
+
     /// Attaches a process to the first MIG device of GI `gi` on GPU `gpu`.
     pub fn attach(&self, gpu: usize, gi: u32, pid: u32) {
         let mut s = self.load();
