@@ -286,7 +286,12 @@ impl Sim {
                 instances: g
                     .instances
                     .iter()
-                    .map(|x| CurrentInstance { profile: x.profile.clone(), start: x.start, busy: x.pod.is_some() })
+                    .map(|x| CurrentInstance {
+                        profile: x.profile.clone(),
+                        start: x.start,
+                        busy: x.pod.is_some(),
+                        foreign: false,
+                    })
                     .collect(),
                 busy: g.whole.is_some(),
                 mps_slots: None,

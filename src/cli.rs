@@ -532,9 +532,9 @@ pub struct FragArgs {
     /// Config file whose `gpupart.workload` block sets the target workload mix.
     #[arg(short = 'f', long = "config-file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
-    pub output: StatusFormat,
+    /// Output format (`svg`: the node's picture, or with `--cluster` the cluster's, docs/pictures.md).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = NodeFormat::Table)]
+    pub output: NodeFormat,
     /// The whole cluster instead of this node: every Node's `<prefix>fragmentation`, per node
     /// and in total (the default kubeconfig or the in-cluster account).
     #[arg(long, conflicts_with = "config_file")]
@@ -542,6 +542,15 @@ pub struct FragArgs {
     /// The agents' `--annotation-prefix` (for `--cluster`).
     #[arg(long, default_value = "gpupart.io/")]
     pub annotation_prefix: String,
+    /// The label naming a node's pool, to group the cluster picture by (`--cluster -o svg`).
+    #[arg(long, value_name = "KEY", default_value = gpupart_cluster::pools::DEFAULT_POOL_LABEL)]
+    pub pool_label: String,
+    /// Which page of the cluster picture to draw (`--cluster -o svg`), from 1.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub page: u32,
+    /// Node rows per page of the cluster picture (`--cluster -o svg`).
+    #[arg(long, value_name = "N", default_value_t = crate::picture::cluster::DEFAULT_PAGE_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
+    pub page_size: u32,
 }
 
 /// Checks `--mps-shm-size` (`0`, `auto`, `512M`, `8G`).
@@ -889,4 +898,10 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = NodeFormat::Table)]
     pub output: NodeFormat,
+    /// With `-o svg`: mark the instances this layout of `--config-file` does not hold as foreign.
+    #[arg(long, value_name = "NAME", requires = "config_file")]
+    pub layout: Option<String>,
+    /// The config file holding `--layout`.
+    #[arg(short = 'f', long = "config-file", value_name = "FILE", requires = "layout")]
+    pub config_file: Option<PathBuf>,
 }

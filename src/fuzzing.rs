@@ -158,7 +158,8 @@ pub fn plan_input(data: &[u8]) {
 }
 
 /// Today's layouts for `plan --current` / `--from-cluster`: a file of `status -o json` documents
-/// and a `gpupart.io/gpus` annotation, each planned from on a small fixed fleet.
+/// and a `gpupart.io/gpus` annotation, each planned from on a small fixed fleet (the annotation
+/// also drawn as the cluster picture's row).
 pub fn plan_current(data: &[u8]) {
     let Some(t) = text(data) else { return };
     let fleet = "fleet:\n  - {name: n, count: 2, gpu: A100-SXM4-80GB, gpus: 2}\n\
@@ -169,6 +170,24 @@ pub fn plan_current(data: &[u8]) {
         todays.push(c);
     }
     if let Ok(g) = crate::fleet::current::from_annotation("n-0", t) {
+        // The cluster picture draws whatever an annotation holds.
+        let frag = gpupart_cluster::frag::NodeEntry {
+            name: "n-0".into(),
+            ratio: 0.0,
+            fragmented_gpus: 0.0,
+            unallocated_gpus: 1.0,
+            whole_free_gpus: 0,
+        };
+        let views = [crate::picture::cluster::NodeView { name: "n-0".into(), pool: None, gpus: g.clone(), frag }];
+        let totals = gpupart_cluster::frag::ClusterFrag {
+            nodes: Vec::new(),
+            without_agent: Vec::new(),
+            fragmentation_ratio: 0.0,
+            fragmented_gpus: 0.0,
+            unallocated_gpus: 1.0,
+            whole_free_gpus: 0,
+        };
+        let _ = crate::picture::cluster::render(&views, &totals, crate::picture::cluster::Page { number: 1, size: 1 });
         todays.push(std::iter::once(("n-0".to_string(), g)).collect());
     }
     let _ = crate::fleet::current::holders_from_annotation(t);

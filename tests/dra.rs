@@ -270,7 +270,7 @@ fn a_kill_in_the_middle_of_prepare_converges_after_a_restart() {
 
 #[test]
 fn a_foreign_instance_is_never_offered_over_nor_destroyed() {
-    let rig = DraRig::start_after("A100-SXM4-80GB:1", &[], &[], |s| {
+    let rig = DraRig::start_after("A100-SXM4-80GB:1", &["--annotation-min-interval", "100ms"], &[], |s| {
         // A 1g.10gb at slice 6, made by hand before the plugin started.
         s.gpus[0].gpu_instances.push(gpupart::mig::sim::SimGi {
             id: 9,
@@ -309,6 +309,19 @@ fn a_foreign_instance_is_never_offered_over_nor_destroyed() {
     let gis = rig.node.load().gpus[0].gpu_instances.clone();
     assert_eq!(gis.len(), 2);
     assert!(gis.iter().any(|g| g.id == 9 && g.placement.start == 6), "the foreign instance stays");
+    // The node's summary reports it as foreign, and not the claim's instance (pictures.md).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let a = rig.api.state().annotations;
+        let gpus: serde_json::Value =
+            a.get("gpupart.io/gpus").and_then(|g| serde_json::from_str(g).ok()).unwrap_or_default();
+        if gpus[0]["layout"].as_array().is_some_and(|l| l.len() == 2) {
+            assert_eq!(gpus[0]["foreign"], serde_json::json!(["1g.10gb@6"]), "{gpus}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no summary with both instances: {a:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -337,6 +337,7 @@ async fn async_main(
     let collect_now = Arc::new(tokio::sync::Notify::new());
     let http_limits =
         crate::http::ServeLimits { max_connections: a.http_max_connections as usize, timeout: a.http_timeout };
+    let requested = Arc::new(std::sync::Mutex::new(None));
     let collector = Collector {
         backend: backend.clone(),
         metrics: metrics.clone(),
@@ -345,6 +346,7 @@ async fn async_main(
         summaries,
         config: config.clone(),
         health: gpu_health.clone(),
+        requested: requested.clone(),
     };
     spawn_collector(collector.clone(), collect_now.clone(), a.metrics_interval);
     tokio::spawn(async move {
@@ -435,6 +437,7 @@ async fn async_main(
                 }
             }
         }
+        *requested.lock().unwrap_or_else(|e| e.into_inner()) = desired.layout.clone();
         let (b, r) = (backend.clone(), reporter.clone());
         let clients = match &mode {
             Mode::Kube { clients: Some(c), .. } => Some(c.clone()),
@@ -648,6 +651,8 @@ struct Collector {
     summaries: Option<KubeReporter>,
     config: ConfigSource,
     health: Arc<crate::gpu_health::GpuHealth>,
+    /// The layout the node asks for (its instances outside it are reported foreign).
+    requested: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// Whether the config text names `layout`.
@@ -665,12 +670,8 @@ impl Collector {
     /// returns the node summary (Kubernetes mode). Blocking.
     fn collect(&self) -> Option<crate::kube::summary::Summary> {
         let t = std::time::Instant::now();
-        let workload = self
-            .config
-            .text()
-            .and_then(Result::ok)
-            .and_then(|text| crate::config::parse(&text).ok())
-            .map(|f| crate::frag::Workload { weights: f.workload });
+        let file = self.config.text().and_then(Result::ok).and_then(|text| crate::config::parse(&text).ok());
+        let workload = file.as_ref().map(|f| crate::frag::Workload { weights: f.workload.clone() });
         let mut states = match self.backend.observe_all() {
             Ok(s) => s,
             Err(e) => {
@@ -691,7 +692,10 @@ impl Collector {
         self.summaries.as_ref()?;
         let frags = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
         let configured = workload.as_ref().is_some_and(|w| !w.weights.is_empty());
-        Some(crate::kube::summary::summarize(&states, frags, configured, &fenced))
+        let requested = self.requested.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let layout = file.as_ref().zip(requested).and_then(|(f, name)| f.get(&name).cloned());
+        let foreign = layout.map(|c| gpupart_node::prepare::foreign(&states, &c)).unwrap_or_default();
+        Some(crate::kube::summary::summarize(&states, frags, configured, &fenced, &foreign))
     }
 }
 

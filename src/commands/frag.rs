@@ -2,7 +2,7 @@
 
 use super::io::read_config;
 use crate::backend::open as open_backend;
-use crate::cli::{FragArgs, GpuOptions, StatusFormat};
+use crate::cli::{FragArgs, GpuOptions, NodeFormat};
 use crate::frag::{node_frag, GpuFrag, NodeFrag, Workload};
 use anyhow::Context;
 use serde::Serialize;
@@ -111,12 +111,25 @@ fn cluster_table(c: &gpupart_cluster::frag::ClusterFrag) -> String {
 /// Runs `frag`.
 pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
     if a.cluster {
-        let nodes = crate::kube::cluster::read_node_annotations(&format!("{}fragmentation", a.annotation_prefix))?;
-        let c = gpupart_cluster::frag::cluster(&nodes)?;
+        let nodes = crate::kube::cluster::read_nodes()?;
+        let key = format!("{}fragmentation", a.annotation_prefix);
+        let published: Vec<_> = nodes.iter().map(|n| (n.name.clone(), n.annotations.get(&key).cloned())).collect();
+        let c = gpupart_cluster::frag::cluster(&published)?;
         match a.output {
-            StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&c)?),
-            StatusFormat::Table => out!("{}", cluster_table(&c)),
+            NodeFormat::Json => outln!("{}", serde_json::to_string_pretty(&c)?),
+            NodeFormat::Table => out!("{}", cluster_table(&c)),
+            NodeFormat::Svg => {
+                let mut views = node_views(&nodes, &c, a)?;
+                crate::picture::cluster::order(&mut views);
+                let page = crate::picture::cluster::Page { number: a.page as usize, size: a.page_size as usize };
+                out!("{}", crate::picture::cluster::render(&views, &c, page)?)
+            }
         }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.output == NodeFormat::Svg {
+        let o = super::status::observe(g)?;
+        out!("{}", super::status::picture(&o, None));
         return Ok(ExitCode::SUCCESS);
     }
     let workload = match &a.config_file {
@@ -130,8 +143,32 @@ pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
     let gpus: Vec<GpuFrag> = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
     let doc = FragDoc { simulated: backend.is_simulated(), node: node_frag(&gpus), gpus };
     match a.output {
-        StatusFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
-        StatusFormat::Table => out!("{}", table(&doc)),
+        NodeFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
+        NodeFormat::Table | NodeFormat::Svg => out!("{}", table(&doc)),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The nodes of the cluster picture: those with published figures (`c.nodes`), with their pool
+/// label and the GPUs of their `<prefix>gpus` annotation.
+fn node_views(
+    nodes: &[crate::kube::cluster::NodeMeta],
+    c: &gpupart_cluster::frag::ClusterFrag,
+    a: &FragArgs,
+) -> anyhow::Result<Vec<crate::picture::cluster::NodeView>> {
+    let key = format!("{}gpus", a.annotation_prefix);
+    let by_name: std::collections::HashMap<&str, &crate::kube::cluster::NodeMeta> =
+        nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    c.nodes
+        .iter()
+        .map(|e| {
+            let meta = by_name.get(e.name.as_str()).copied();
+            let gpus = match meta.and_then(|m| m.annotations.get(&key)) {
+                Some(text) => gpupart_cluster::fleet::current::from_annotation(&e.name, text)?,
+                None => Vec::new(),
+            };
+            let pool = meta.and_then(|m| m.labels.get(&a.pool_label)).cloned();
+            Ok(crate::picture::cluster::NodeView { name: e.name.clone(), pool, gpus, frag: e.clone() })
+        })
+        .collect()
 }

@@ -41,3 +41,10 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
         Err(e) => Err(anyhow::Error::new(e).context("writing to standard output")),
     }
 }
+
+/// Reads config `name` of a config file (`-` is stdin).
+pub fn read_layout(path: &Path, name: &str) -> anyhow::Result<config::MigConfig> {
+    let file = read_config(path)?;
+    let chosen = file.choose(Some(name)).with_context(|| format!("config file {}", path.display()))?;
+    Ok(chosen.clone())
+}

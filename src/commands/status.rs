@@ -307,8 +307,21 @@ fn answering(backend: &dyn crate::backend::GpuBackend) -> Result<Vec<GpuState>, 
     Ok(states)
 }
 
-/// Runs `status`.
-pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
+/// What `status` reads: the GPUs that answer (with the pods holding them), their status document
+/// and the health record.
+pub struct Observed {
+    /// The GPUs as read.
+    pub states: Vec<GpuState>,
+    /// Their status document.
+    pub doc: StatusDoc,
+    /// The health record.
+    pub book: crate::health::HealthBook,
+    /// Where the GPUs came from (for "no GPUs found").
+    pub describe: String,
+}
+
+/// Reads the node as `status` shows it.
+pub fn observe(g: &GpuOptions) -> anyhow::Result<Observed> {
     let backend = open_backend(g)?;
     let mut states = answering(backend.as_ref()).context("reading the GPUs")?;
     let (uses, source) = crate::kubelet::pod_resources::PodResources::from_args(g).probe();
@@ -322,23 +335,39 @@ pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
         gpu.unhealthy = book.unhealthy().get(&gpu.index).cloned();
         gpu.unhealthy_mig_devices = book.mig_faults(gpu.index).cloned().collect();
     }
+    Ok(Observed { states, doc, book, describe: backend.describe() })
+}
+
+/// The node's picture (docs/pictures.md), its instances outside `layout` (when given) foreign.
+pub fn picture(o: &Observed, layout: Option<&crate::config::MigConfig>) -> String {
+    let foreign = layout.map(|c| gpupart_node::prepare::foreign(&o.states, c)).unwrap_or_default();
+    let extra: Vec<crate::picture::node::Extra> = o
+        .doc
+        .gpus
+        .iter()
+        .map(|g| crate::picture::node::Extra {
+            mps: g.mps.as_ref().map(|m| {
+                let slots = m.replicas.unwrap_or(0);
+                (slots, (m.daemon.clients.len() as u32).min(slots))
+            }),
+            foreign: foreign.get(&g.index).cloned().unwrap_or_default(),
+        })
+        .collect();
+    crate::picture::node::render(&o.states, &extra, &o.book)
+}
+
+/// Runs `status`.
+pub fn run(g: &GpuOptions, a: &StatusArgs) -> anyhow::Result<ExitCode> {
+    let layout = match (&a.config_file, &a.layout) {
+        (Some(file), Some(name)) => Some(super::io::read_layout(file, name)?),
+        _ => None,
+    };
+    let o = observe(g)?;
     match a.output {
-        NodeFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
-        NodeFormat::Table if doc.gpus.is_empty() => outln!("no GPUs found ({})", backend.describe()),
-        NodeFormat::Table => out!("{}", table(&doc)),
-        NodeFormat::Svg => {
-            let extra: Vec<crate::picture::node::Extra> = doc
-                .gpus
-                .iter()
-                .map(|g| crate::picture::node::Extra {
-                    mps: g.mps.as_ref().map(|m| {
-                        let slots = m.replicas.unwrap_or(0);
-                        (slots, (m.daemon.clients.len() as u32).min(slots))
-                    }),
-                })
-                .collect();
-            out!("{}", crate::picture::node::render(&states, &extra, &book))
-        }
+        NodeFormat::Json => outln!("{}", serde_json::to_string_pretty(&o.doc)?),
+        NodeFormat::Table if o.doc.gpus.is_empty() => outln!("no GPUs found ({})", o.describe),
+        NodeFormat::Table => out!("{}", table(&o.doc)),
+        NodeFormat::Svg => out!("{}", picture(&o, layout.as_ref())),
     }
     Ok(ExitCode::SUCCESS)
 }

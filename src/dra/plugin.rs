@@ -213,11 +213,12 @@ pub async fn publish_loop(
             }
             drop(last);
             let prepared = d.checkpoint().claims.len();
-            Ok::<_, gpupart_node::backend::BackendError>((states, offered, unavailable, prepared, shares))
+            let foreign = gpupart_node::dra::devices::foreign(&states, &claimed);
+            Ok::<_, gpupart_node::backend::BackendError>((states, offered, unavailable, prepared, shares, foreign))
         })
         .await;
         match computed {
-            Ok(Ok((states, offered, unavailable, prepared, shares))) => {
+            Ok(Ok((states, offered, unavailable, prepared, shares, foreign))) => {
                 let gpus = publisher.catalog.gpus(&states, &publisher.driver_version);
                 let book = node.health.snapshot();
                 let fenced: std::collections::BTreeMap<DeviceRef, _> =
@@ -254,7 +255,8 @@ pub async fn publish_loop(
                                 gpupart_node::frag::count_mps_slots(f, clients, g.shares.min(clients));
                             }
                         }
-                        node.summaries.publish_summary(crate::kube::summary::summarize(&states, frags, false, &book));
+                        node.summaries
+                            .publish_summary(crate::kube::summary::summarize(&states, frags, false, &book, &foreign));
                         tracing::debug!(
                             devices = p.devices,
                             written = p.written,

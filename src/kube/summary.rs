@@ -38,6 +38,7 @@ pub fn summarize(
     mut frags: Vec<GpuFrag>,
     configured_workload: bool,
     fenced: &HealthBook,
+    foreign: &BTreeMap<u32, Vec<u32>>,
 ) -> Summary {
     fence(&mut frags, fenced);
     let node = &crate::frag::node_frag(&frags);
@@ -74,6 +75,15 @@ pub fn summarize(
                     .collect();
                 if !pods.is_empty() {
                     g["pods"] = json!(pods);
+                }
+                // Instances the layout does not hold (the agent) or no claim holds (`--dra`).
+                let strangers: Vec<String> = gis
+                    .iter()
+                    .filter(|g| foreign.get(&s.info.index).is_some_and(|f| f.contains(&g.placement.start)))
+                    .map(|g| format!("{}@{}", s.gi_name(g), g.placement.start))
+                    .collect();
+                if !strangers.is_empty() {
+                    g["foreign"] = json!(strangers);
                 }
                 g["creatable"] = json!(creatable);
                 g["largest"] = json!(f.largest_creatable.as_deref().unwrap_or("none"));

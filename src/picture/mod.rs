@@ -2,7 +2,27 @@
 //! node's GPUs as bars of memory slices. Colours are the Okabe–Ito palette, readable with every
 //! common colour-vision deficiency, and the text follows the viewer's dark mode.
 
+pub mod cluster;
 pub mod node;
+
+use crate::mig::capacity::Occupancy;
+use crate::mig::{Placement, ProfileTable};
+
+/// The free slices of a GPU with `instances` (profile id, placement) that no profile of `table`
+/// can still use: each lies in no placement that could still be created.
+pub fn stranded(table: &ProfileTable, instances: impl IntoIterator<Item = (u32, Placement)> + Clone) -> Vec<u32> {
+    let occ = Occupancy::of(table, instances.clone());
+    let taken: u32 = instances.into_iter().fold(0, |m, (_, pl)| m | pl.mask());
+    let mut usable = 0u32;
+    for p in &table.profiles {
+        for pl in occ.free_placements(p) {
+            if occ.can_add(table, p, pl) {
+                usable |= pl.mask();
+            }
+        }
+    }
+    (0..table.memory_slices).filter(|&k| (taken | usable) & (1 << k) == 0).collect()
+}
 
 /// The Okabe–Ito palette (Okabe & Ito, "Color Universal Design", 2008).
 pub mod palette {
@@ -32,8 +52,9 @@ text{font-family:sans-serif;font-size:12px;fill:#000}\
 .free{fill:#f2f2f2;stroke:#bbb;stroke-width:1}.instance{stroke:#000;stroke-width:1}\
 .label{font-size:11px;fill:#000}.note{fill:#555}\
 .stranded{fill:url(#stranded)}.unhealthy{fill:#D55E00}\
+.foreign{stroke:#000;stroke-width:2.5;stroke-dasharray:5 3}\
 @media (prefers-color-scheme:dark){text,.label{fill:#eee}.bg{fill:#1e1e1e}.free{fill:#333}\
-.note{fill:#bbb}.instance{stroke:#eee}}\
+.note{fill:#bbb}.instance{stroke:#eee}.foreign{stroke:#fff}}\
 </style>";
 
 /// Hatching for busy instances and the cross-hatch of stranded slices.

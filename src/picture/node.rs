@@ -19,11 +19,13 @@ const ROW_H: u32 = 64;
 /// Height of a bar.
 const BAR_H: u32 = 28;
 
-/// What else is known of a GPU besides NVML: its MPS daemon (slots, used).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What else is known of a GPU besides NVML: its MPS daemon (slots, used), its foreign instances.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Extra {
     /// Client slots of its MPS daemon and how many are in use, when one serves it.
     pub mps: Option<(u32, u32)>,
+    /// Placement starts of its instances the layout does not hold (drawn with a dashed outline).
+    pub foreign: Vec<u32>,
 }
 
 fn fill(memory_slices: u32, total: u32) -> &'static str {
@@ -37,17 +39,7 @@ fn fill(memory_slices: u32, total: u32) -> &'static str {
 
 /// The free slices of `s` that no profile can still use (each in no creatable placement).
 pub fn stranded(s: &GpuState) -> Vec<u32> {
-    let table = &s.profiles;
-    let occ = Occupancy::of(table, s.instances.iter().map(|g| (g.profile_id, g.placement)));
-    let taken = |slice: u32| s.instances.iter().any(|g| (g.placement.start..g.placement.end()).contains(&slice));
-    (0..table.memory_slices)
-        .filter(|&slice| !taken(slice))
-        .filter(|&slice| {
-            !table.profiles.iter().any(|p| {
-                occ.free_placements(p).any(|pl| (pl.start..pl.end()).contains(&slice) && occ.can_add(table, p, pl))
-            })
-        })
-        .collect()
+    super::stranded(&s.profiles, s.instances.iter().map(|g| (g.profile_id, g.placement)))
 }
 
 /// The SVG of `states` (in order), `extra[i]` for `states[i]`, with the unhealthy GPUs of `fenced`.
@@ -62,7 +54,7 @@ pub fn render(states: &[GpuState], extra: &[Extra], fenced: &HealthBook) -> Stri
     );
     for (k, s) in states.iter().enumerate() {
         let y = 16 + ROW_H * k as u32;
-        gpu(&mut out, s, extra.get(k).copied().unwrap_or_default(), fenced, y, widest);
+        gpu(&mut out, s, extra.get(k).cloned().unwrap_or_default(), fenced, y, widest);
     }
     legend(&mut out, 16 + ROW_H * states.len() as u32 + 12);
     out.push_str("</svg>\n");
@@ -107,9 +99,10 @@ fn gpu(out: &mut String, s: &GpuState, extra: Extra, fenced: &HealthBook, y: u32
             let name = s.gi_name(g);
             let (x, w) = (BAR_X + start * SLICE_W, size * SLICE_W);
             let busy = g.busy();
+            let foreign = if extra.foreign.contains(&start) { " foreign" } else { "" };
             let _ = write!(
                 out,
-                "<rect class=\"instance{}\" data-profile=\"{}\" data-start=\"{start}\" data-size=\"{size}\" x=\"{x}\" y=\"{bar_y}\" width=\"{w}\" height=\"{BAR_H}\" fill=\"{}\"/>",
+                "<rect class=\"instance{}{foreign}\" data-profile=\"{}\" data-start=\"{start}\" data-size=\"{size}\" x=\"{x}\" y=\"{bar_y}\" width=\"{w}\" height=\"{BAR_H}\" fill=\"{}\"/>",
                 if busy { " busy" } else { "" },
                 escape(&name),
                 fill(size, slices)
@@ -160,6 +153,7 @@ fn legend(out: &mut String, y: u32) {
         ("free", "free slice", "class=\"free\""),
         ("busy", "in use", "fill=\"url(#busy)\""),
         ("stranded", "free, no profile fits", "class=\"stranded\""),
+        ("foreign", "foreign: not in the layout", "class=\"free foreign\""),
         ("unhealthy", "unhealthy GPU", "class=\"unhealthy\""),
     ];
     let mut x = BAR_X;

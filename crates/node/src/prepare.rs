@@ -216,3 +216,25 @@ pub fn prepare(
         Err(PrepareError { problems, blocked: all_blocked, selects_nothing: false })
     }
 }
+
+/// The GPU instances `config` does not hold, by GPU index (their placement starts): those the
+/// change to it would destroy, in use or not (made by hand or by another tool, or kept because
+/// they are in use). GPUs it leaves alone or cannot plan have none; so has a config that cannot
+/// apply to this node.
+pub fn foreign(states: &[GpuState], config: &MigConfig) -> std::collections::BTreeMap<u32, Vec<u32>> {
+    let Ok(targets) = targets(states, config) else { return Default::default() };
+    let mut out = std::collections::BTreeMap::new();
+    for (s, t) in states.iter().zip(targets) {
+        let starts: Vec<u32> = match t {
+            Target::MigEnabled { devices } => plan_for_mix(&s.profiles, &s.instances, &devices, true, &[])
+                .map(|p| p.destroy.iter().map(|d| d.placement.start).collect())
+                .unwrap_or_default(),
+            Target::MigDisabled { .. } => s.instances.iter().map(|g| g.placement.start).collect(),
+            Target::Leave { .. } => Vec::new(),
+        };
+        if !starts.is_empty() {
+            out.insert(s.info.index, starts);
+        }
+    }
+    out
+}

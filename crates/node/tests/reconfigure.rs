@@ -190,3 +190,28 @@ fn disabling_mig_clears_the_gpu() {
     let after = b.observe_all().unwrap();
     assert!(!after[0].mig_mode.current && after[0].instances.is_empty());
 }
+
+#[test]
+fn foreign_instances_are_those_the_change_to_a_layout_would_destroy() {
+    let b = node(2);
+    apply(&b, "all-balanced", false).expect("applied");
+    let states = b.observe_all().expect("observed");
+    let f = file();
+    let foreign = |name: &str| gpupart_node::prepare::foreign(&states, f.get(name).expect("a config"));
+    // The layout applied holds everything; keep-3g keeps the 3g and two 1g, not the 2g; all-7g and
+    // all-disabled hold nothing of it.
+    assert!(foreign("all-balanced").is_empty());
+    let starts = |gpu: usize, profile: &str| -> Vec<u32> {
+        states[gpu].instances.iter().filter(|g| states[gpu].gi_name(g) == profile).map(|g| g.placement.start).collect()
+    };
+    for gpu in 0..2u32 {
+        assert_eq!(foreign("keep-3g")[&gpu], starts(gpu as usize, "2g.20gb"), "GPU {gpu}");
+        let mut all: Vec<u32> = states[gpu as usize].instances.iter().map(|g| g.placement.start).collect();
+        let mut seven = foreign("all-7g")[&gpu].clone();
+        let mut off = foreign("all-disabled")[&gpu].clone();
+        all.sort_unstable();
+        seven.sort_unstable();
+        off.sort_unstable();
+        assert_eq!((&seven, &off), (&all, &all), "GPU {gpu}");
+    }
+}

@@ -3,9 +3,8 @@ use crate::backend::sim::SimBackend;
 use crate::backend::GpuBackend;
 use crate::mig::Placement;
 
-/// A node of `spec` with MIG on GPU `gpu` and GPU instances `(profile, start)` there.
-fn node(spec: &str, gpu: u32, gis: &[(&str, u32)]) -> SimBackend {
-    let b = SimBackend::open(Some(spec), None).unwrap();
+/// Turns MIG on for GPU `gpu` of `b` and creates GPU instances `(profile, start)` there.
+fn with_instances(b: &SimBackend, gpu: u32, gis: &[(&str, u32)]) {
     b.set_mig_mode(gpu, true).unwrap();
     let _ = b.reset_gpu(gpu);
     let table = b.observe(gpu).unwrap().profiles;
@@ -14,6 +13,12 @@ fn node(spec: &str, gpu: u32, gis: &[(&str, u32)]) -> SimBackend {
         let placement = *p.placements.iter().find(|pl| pl.start == *start).unwrap();
         b.create_gpu_instance(gpu, p.id, placement).unwrap();
     }
+}
+
+/// A node of `spec` with MIG on GPU `gpu` and GPU instances `(profile, start)` there.
+fn node(spec: &str, gpu: u32, gis: &[(&str, u32)]) -> SimBackend {
+    let b = SimBackend::open(Some(spec), None).unwrap();
+    with_instances(&b, gpu, gis);
     b
 }
 
@@ -103,7 +108,7 @@ fn whole_gpus_show_their_mps_slots_and_unhealthy_gpus_their_fault() {
     let mut fenced = HealthBook::default();
     let e = crate::health::GpuEvent { gpu: 1, kind: crate::health::EventKind::Xid(79), instance: None, at: 1 };
     fenced.record(&e, &[0, 1], &crate::health::XidPolicy::default()).unwrap();
-    let text = svg(&states, &[Extra { mps: Some((4, 1)) }, Extra::default()], &fenced);
+    let text = svg(&states, &[Extra { mps: Some((4, 1)), ..Extra::default() }, Extra::default()], &fenced);
     assert!(text.contains("GPU 0 · T4-16GB · MPS, 1 of 4 slots used"), "{text}");
     assert!(text.contains("GPU 1 · T4-16GB · whole GPU — UNHEALTHY (XID 79)"), "{text}");
     assert!(text.contains("class=\"whole busy\"") && text.contains("class=\"whole\""));
@@ -112,7 +117,7 @@ fn whole_gpus_show_their_mps_slots_and_unhealthy_gpus_their_fault() {
 }
 
 /// The example in docs/pictures/node.svg: an A100 with a busy instance and a stranded slice, an
-/// H100, an A30, a T4 serving MPS and an unhealthy T4. Compared byte for byte;
+/// H100 with a foreign instance, an A30, a T4 serving MPS and an unhealthy T4. Compared byte for byte;
 /// `GPUPART_BLESS=1 cargo test --lib picture` writes it again after a reviewed change.
 #[test]
 fn the_documented_example_is_what_is_drawn() {
@@ -122,14 +127,7 @@ fn the_documented_example_is_what_is_drawn() {
         (1, vec![("4g.40gb", 0), ("1g.10gb", 4), ("1g.10gb", 5)]),
         (2, vec![("2g.12gb", 0), ("1g.6gb", 3)]),
     ] {
-        b.set_mig_mode(gpu, true).unwrap();
-        let _ = b.reset_gpu(gpu);
-        let table = b.observe(gpu).unwrap().profiles;
-        for (name, start) in gis {
-            let p = table.profiles.iter().find(|p| p.name.to_string() == name).unwrap();
-            let placement = *p.placements.iter().find(|pl| pl.start == start).unwrap();
-            b.create_gpu_instance(gpu, p.id, placement).unwrap();
-        }
+        with_instances(&b, gpu, &gis);
     }
     let mut states = b.observe_all().unwrap();
     states[0].instances[0].processes.push(crate::observed::Process {
@@ -140,7 +138,14 @@ fn the_documented_example_is_what_is_drawn() {
     let mut fenced = HealthBook::default();
     let e = crate::health::GpuEvent { gpu: 4, kind: crate::health::EventKind::Xid(79), instance: None, at: 1 };
     fenced.record(&e, &[0, 1, 2, 3, 4], &crate::health::XidPolicy::default()).unwrap();
-    let extra = [Extra::default(), Extra::default(), Extra::default(), Extra { mps: Some((4, 1)) }, Extra::default()];
+    // The H100's 1g.10gb@5 is not in the node's layout: foreign.
+    let extra = [
+        Extra::default(),
+        Extra { foreign: vec![5], ..Extra::default() },
+        Extra::default(),
+        Extra { mps: Some((4, 1)), ..Extra::default() },
+        Extra::default(),
+    ];
     let text = svg(&states, &extra, &fenced);
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/pictures/node.svg");
     if std::env::var_os("GPUPART_BLESS").is_some() {

@@ -16,6 +16,9 @@ pub struct CurrentInstance {
     pub start: u32,
     /// In use by a process or a pod: never moved.
     pub busy: bool,
+    /// Not part of the layout the node asks for (made by hand or by another tool, or held by no
+    /// claim), as the agent reported it.
+    pub foreign: bool,
 }
 
 /// One GPU of today.
@@ -78,7 +81,7 @@ pub fn from_status(node: &str, doc: &Value) -> Result<Vec<CurrentGpu>, InputErro
                 let (profile, start, busy) = (profile(&at, name)?, start as u32, i["busy"].as_bool().unwrap_or(false));
                 match instances.iter_mut().find(|x| x.start == start && x.profile == profile) {
                     Some(x) => x.busy |= busy,
-                    None => instances.push(CurrentInstance { profile, start, busy }),
+                    None => instances.push(CurrentInstance { profile, start, busy, foreign: false }),
                 }
             }
             let listed = |k: &str| g[k].as_array().is_some_and(|a| !a.is_empty());
@@ -120,7 +123,13 @@ pub fn from_annotation(node: &str, text: &str) -> Result<Vec<CurrentGpu>, InputE
                 let (name, start) =
                     s.split_once('@').ok_or_else(|| err(at.clone(), format!("'{s}' is not profile@start")))?;
                 let start: u32 = start.parse().map_err(|_| err(at.clone(), format!("'{s}' has no numeric start")))?;
-                instances.push(CurrentInstance { profile: profile(&at, name)?, start, busy });
+                instances.push(CurrentInstance { profile: profile(&at, name)?, start, busy, foreign: false });
+            }
+            if let Some(foreign) = g["foreign"].as_array() {
+                for i in &mut instances {
+                    let key = format!("{}@{}", i.profile, i.start);
+                    i.foreign = foreign.iter().any(|f| f.as_str() == Some(key.as_str()));
+                }
             }
             // A faulty MIG device (`unhealthyDevices`) is never moved and offers nothing: busy.
             if let Some(faulty) = g["unhealthyDevices"].as_object() {

@@ -513,7 +513,12 @@ fn gpu(index: u32, model: &str, layout: &[(&str, u32, bool)]) -> current::Curren
         mig: !layout.is_empty(),
         instances: layout
             .iter()
-            .map(|(p, s, b)| current::CurrentInstance { profile: p.parse().unwrap(), start: *s, busy: *b })
+            .map(|(p, s, b)| current::CurrentInstance {
+                profile: p.parse().unwrap(),
+                start: *s,
+                busy: *b,
+                foreign: false,
+            })
             .collect(),
         busy: false,
         mps_slots: None,
@@ -654,7 +659,7 @@ proptest! {
                     .placements
                     .iter()
                     .zip(busy)
-                    .map(|((id, pl), b)| current::CurrentInstance { profile: t.by_id(*id).unwrap().name.clone(), start: pl.start, busy: *b && k == 0 })
+                    .map(|((id, pl), b)| current::CurrentInstance { profile: t.by_id(*id).unwrap().name.clone(), start: pl.start, busy: *b && k == 0, foreign: false })
                     .collect();
                 current::CurrentGpu { index: k as u32, model: M.into(), mig: true, instances, busy: false, mps_slots: None, unhealthy: None }
             })

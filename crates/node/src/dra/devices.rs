@@ -194,3 +194,19 @@ pub fn consumption(kind: DeviceKind, table: &ProfileTable, counters: &Capacities
         }
     }
 }
+
+/// The GPU instances no claim holds, by GPU index (their placement starts): made by hand or by
+/// another tool, never touched by the driver and never offered.
+pub fn foreign(states: &[crate::observed::GpuState], claimed: &[DeviceRef]) -> BTreeMap<u32, Vec<u32>> {
+    let held = |gpu: u32, at: Placement| {
+        claimed.iter().any(|d| d.gpu == gpu && matches!(d.kind, DeviceKind::Mig { placement, .. } if placement == at))
+    };
+    states
+        .iter()
+        .filter_map(|s| {
+            let starts: Vec<u32> =
+                s.instances.iter().filter(|g| !held(s.info.index, g.placement)).map(|g| g.placement.start).collect();
+            (!starts.is_empty()).then_some((s.info.index, starts))
+        })
+        .collect()
+}
