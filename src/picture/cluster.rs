@@ -130,7 +130,7 @@ pub fn render(nodes: &[NodeView], totals: &ClusterFrag, page: Page) -> Result<St
     let width = (GPUS_X + widest * (GPU_W + GPU_GAP) + 16)
         .max(16 + 260 + STRIP_W + 180)
         .max(32 + 9 * title.chars().count() as u32)
-        .max(16 + legend_width() + 16);
+        .max(16 + super::legend_width(&LEGEND) + 16);
     let groups = shown.iter().enumerate().filter(|(k, n)| *k == 0 || pool_key(&shown[k - 1]) != pool_key(n)).count();
     let top = 52 + 22 * pools.len() as u32 + 16;
     let height = top + 20 * groups as u32 + ROW_H * shown.len() as u32 + 44;
@@ -182,7 +182,7 @@ pub fn render(nodes: &[NodeView], totals: &ClusterFrag, page: Page) -> Result<St
             escape(&names_in_short(&totals.without_agent))
         );
     }
-    legend(&mut out, y + 24);
+    super::legend(&mut out, 16, y + 24, 12, "note row", &LEGEND);
     out.push_str("</svg>\n");
     Ok(out)
 }
@@ -343,23 +343,6 @@ const LEGEND: [(&str, &str); 7] = [
     ("class=\"mps\"", "MPS GPU"),
     ("class=\"unhealthy\"", "unhealthy GPU"),
 ];
-
-fn legend_width() -> u32 {
-    LEGEND.iter().map(|(_, words)| 24 + 7 * words.len() as u32).sum()
-}
-
-fn legend(out: &mut String, y: u32) {
-    let mut x = 16;
-    for (paint, words) in LEGEND {
-        let _ = write!(
-            out,
-            "<rect x=\"{x}\" y=\"{y}\" width=\"12\" height=\"12\" {paint} stroke=\"#888\"/><text class=\"note row\" x=\"{}\" y=\"{}\">{words}</text>",
-            x + 16,
-            y + 10
-        );
-        x += 24 + 7 * words.len() as u32;
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -24,6 +24,56 @@ pub fn stranded(table: &ProfileTable, instances: impl IntoIterator<Item = (u32, 
     (0..table.memory_slices).filter(|&k| (taken | usable) & (1 << k) == 0).collect()
 }
 
+/// One legend line at (`x`, `y`): per entry a `swatch`-pixel square painted by its attributes
+/// (`class="free"`, `fill="url(#busy)"`) and its words in `text_class`.
+pub fn legend(out: &mut String, x: u32, y: u32, swatch: u32, text_class: &str, entries: &[(&str, &str)]) {
+    use std::fmt::Write as _;
+    let mut x = x;
+    for (paint, words) in entries {
+        let _ = write!(
+            out,
+            "<rect x=\"{x}\" y=\"{y}\" width=\"{swatch}\" height=\"{swatch}\" {paint} stroke=\"#888\"/><text class=\"{text_class}\" x=\"{}\" y=\"{}\">{words}</text>",
+            x + swatch + 4,
+            y + swatch - 3
+        );
+        x += 24 + 7 * words.len() as u32;
+    }
+}
+
+/// The width [`legend`] takes for `entries` (7 pixels a character).
+pub fn legend_width(entries: &[(&str, &str)]) -> u32 {
+    entries.iter().map(|(_, words)| 24 + 7 * words.len() as u32).sum()
+}
+
+/// An instance rectangle read back from either picture: (profile, start, size, x, width, busy,
+/// foreign); busy when the busy hatching follows it.
+#[cfg(test)]
+pub(crate) type Drawn = (String, u32, u32, u32, u32, bool, bool);
+
+/// The instance rectangles under `scope`, read back.
+#[cfg(test)]
+pub(crate) fn drawn_instances(scope: roxmltree::Node) -> Vec<Drawn> {
+    let n = |e: &roxmltree::Node, k: &str| e.attribute(k).unwrap().parse::<u32>().unwrap();
+    scope
+        .descendants()
+        .filter(|e| e.attribute("class").is_some_and(|c| c.starts_with("instance")))
+        .map(|e| {
+            let class = e.attribute("class").unwrap();
+            let busy = e.next_sibling_element().is_some_and(|s| s.attribute("fill") == Some("url(#busy)"));
+            let profile = e.attribute("data-profile").unwrap().to_string();
+            (
+                profile,
+                n(&e, "data-start"),
+                n(&e, "data-size"),
+                n(&e, "x"),
+                n(&e, "width"),
+                busy,
+                class.contains("foreign"),
+            )
+        })
+        .collect()
+}
+
 /// The Okabe–Ito palette (Okabe & Ito, "Color Universal Design", 2008).
 pub mod palette {
     /// Sky blue: a one-slice instance.

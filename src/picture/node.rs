@@ -56,7 +56,7 @@ pub fn render(states: &[GpuState], extra: &[Extra], fenced: &HealthBook) -> Stri
         let y = 16 + ROW_H * k as u32;
         gpu(&mut out, s, extra.get(k).cloned().unwrap_or_default(), fenced, y, widest);
     }
-    legend(&mut out, 16 + ROW_H * states.len() as u32 + 12);
+    super::legend(&mut out, BAR_X, 16 + ROW_H * states.len() as u32 + 12, 14, "note", &LEGEND);
     out.push_str("</svg>\n");
     out
 }
@@ -148,25 +148,14 @@ fn gpu(out: &mut String, s: &GpuState, extra: Extra, fenced: &HealthBook, y: u32
     out.push_str("</g>");
 }
 
-fn legend(out: &mut String, y: u32) {
-    let items = [
-        ("free", "free slice", "class=\"free\""),
-        ("busy", "in use", "fill=\"url(#busy)\""),
-        ("stranded", "free, no profile fits", "class=\"stranded\""),
-        ("foreign", "foreign: not in the layout", "class=\"free foreign\""),
-        ("unhealthy", "unhealthy GPU", "class=\"unhealthy\""),
-    ];
-    let mut x = BAR_X;
-    for (_, words, paint) in items {
-        let _ = write!(
-            out,
-            "<rect x=\"{x}\" y=\"{y}\" width=\"14\" height=\"14\" {paint} stroke=\"#888\"/><text class=\"note\" x=\"{}\" y=\"{}\">{words}</text>",
-            x + 18,
-            y + 11
-        );
-        x += 24 + 7 * words.len() as u32;
-    }
-}
+/// The legend's entries: (paint, words).
+const LEGEND: [(&str, &str); 5] = [
+    ("class=\"free\"", "free slice"),
+    ("fill=\"url(#busy)\"", "in use"),
+    ("class=\"stranded\"", "free, no profile fits"),
+    ("class=\"free foreign\"", "foreign: not in the layout"),
+    ("class=\"unhealthy\"", "unhealthy GPU"),
+];
 
 #[cfg(test)]
 mod tests;

@@ -86,7 +86,7 @@ const ALL: Page = Page { number: 1, size: 200 };
 
 /// (node, gpu) → (profile, start, size, x, width, busy, foreign) of every instance rectangle,
 /// x relative to its GPU's bar.
-type Drawn = BTreeMap<(String, u32), Vec<(String, u32, u32, u32, u32, bool, bool)>>;
+type Drawn = BTreeMap<(String, u32), Vec<crate::picture::Drawn>>;
 
 fn drawn(text: &str) -> Drawn {
     let doc = roxmltree::Document::parse(text).unwrap();
@@ -95,25 +95,7 @@ fn drawn(text: &str) -> Drawn {
         for gpu in node.children().filter(|e| e.attribute("data-gpu").is_some()) {
             let key =
                 (node.attribute("data-node").unwrap().to_string(), gpu.attribute("data-gpu").unwrap().parse().unwrap());
-            let n = |e: &roxmltree::Node, k: &str| e.attribute(k).unwrap().parse::<u32>().unwrap();
-            let rects = gpu
-                .children()
-                .filter(|e| e.attribute("class").is_some_and(|c| c.starts_with("instance")))
-                .map(|e| {
-                    let class = e.attribute("class").unwrap();
-                    let busy = e.next_sibling_element().is_some_and(|s| s.attribute("fill") == Some("url(#busy)"));
-                    (
-                        e.attribute("data-profile").unwrap().to_string(),
-                        n(&e, "data-start"),
-                        n(&e, "data-size"),
-                        n(&e, "x"),
-                        n(&e, "width"),
-                        busy,
-                        class.contains("foreign"),
-                    )
-                })
-                .collect();
-            out.insert(key, rects);
+            out.insert(key, crate::picture::drawn_instances(gpu));
         }
     }
     out

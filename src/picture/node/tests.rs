@@ -28,24 +28,9 @@ fn svg(states: &[GpuState], extra: &[Extra], fenced: &HealthBook) -> String {
     text
 }
 
-/// (profile, start, size, x, width, busy) of every instance rectangle.
-fn instances(text: &str) -> Vec<(String, u32, u32, u32, u32, bool)> {
-    let doc = roxmltree::Document::parse(text).unwrap();
-    let n = |e: &roxmltree::Node, k: &str| e.attribute(k).unwrap().parse::<u32>().unwrap();
-    doc.descendants()
-        .filter(|e| e.attribute("class").is_some_and(|c| c.starts_with("instance")))
-        .map(|e| {
-            let busy = e.attribute("class").is_some_and(|c| c.contains("busy"));
-            (
-                e.attribute("data-profile").unwrap().to_string(),
-                n(&e, "data-start"),
-                n(&e, "data-size"),
-                n(&e, "x"),
-                n(&e, "width"),
-                busy,
-            )
-        })
-        .collect()
+/// Every instance rectangle, read back.
+fn instances(text: &str) -> Vec<crate::picture::Drawn> {
+    crate::picture::drawn_instances(roxmltree::Document::parse(text).unwrap().root())
 }
 
 fn stranded_slices(text: &str) -> Vec<u32> {
@@ -70,7 +55,7 @@ fn each_instance_spans_exactly_its_placements_slices_on_every_model() {
         assert_eq!(drawn.len(), gis.len(), "{spec}");
         for g in &states[0].instances {
             let Placement { start, size } = g.placement;
-            let want = (states[0].gi_name(g), start, size, BAR_X + start * SLICE_W, size * SLICE_W, false);
+            let want = (states[0].gi_name(g), start, size, BAR_X + start * SLICE_W, size * SLICE_W, false, false);
             assert!(drawn.contains(&want), "{spec}: {want:?} not in {drawn:?}");
         }
         let slices = roxmltree::Document::parse(&text)
