@@ -13,9 +13,17 @@ COPY src src
 COPY benches benches
 # `gpupart --version` names this commit: --build-arg GPUPART_COMMIT=$(git rev-parse --short=12 HEAD)
 ARG GPUPART_COMMIT=unknown
+# Linked against glibc 2.28 with zig (from PyPI), stripped: NVIDIA's MIG manager copies
+# nvidia-mig-parted to the host and runs it there, on RHEL 8 (glibc 2.28) as on newer hosts.
 # nvidia-mig-parted beside it: invoked by that name, gpupart answers mig-parted's command line.
-RUN cargo build --release --locked -p gpupart --bin gpupart \
-    && mkdir -p /out && cp target/release/gpupart /out/gpupart && ln -s gpupart /out/nvidia-mig-parted
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3-pip=23.0.1+dfsg-1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip3 install --no-cache-dir --break-system-packages ziglang==0.17.1 cargo-zigbuild==0.24.1
+COPY scripts/release scripts/release
+RUN scripts/release \
+    && mkdir -p /out && cp "target/$(uname -m)-unknown-linux-gnu/release/gpupart" /out/gpupart \
+    && ln -s gpupart /out/nvidia-mig-parted
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/

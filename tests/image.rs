@@ -55,7 +55,7 @@ fn the_dockerfile_copy_set_builds_on_its_own() {
             copy_tree(&from, &to);
         }
     }
-    // The image's `cargo build --release --locked -p gpupart --bin gpupart`, type-checked (build
+    // The image's build (scripts/release: `cargo zigbuild --release --locked -p gpupart`), type-checked (build
     // scripts run, every module compiled to metadata) with a target directory of its own.
     let target = repo().join("target").join("dockerfile-copy-set");
     let out = Command::new(env!("CARGO"))

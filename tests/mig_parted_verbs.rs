@@ -177,3 +177,107 @@ fn as_nvidia_mig_parted_it_answers_the_mig_managers_calls() {
     let r = node.run(&["apply", "-f", &h100_only, "-c", "h100"]).failed();
     assert!(r.stderr.contains("has no entry for this node's GPUs"), "{}", r.stderr);
 }
+
+/// One row of the exit-code table in docs/mig-parted.md: node, MIG mode now, config, then the
+/// exit codes of `assert --valid-config`, `assert --mode-only`, `apply --mode-only`, `assert`, `apply`.
+fn exit_code_table() -> Vec<(String, bool, String, [i32; 5])> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/mig-parted.md")).unwrap();
+    let start = doc.find("| node | MIG now | config |").expect("the exit-code table in docs/mig-parted.md");
+    doc[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            let code = |k: usize| cells[k].parse::<i32>().unwrap_or_else(|_| panic!("{l}: cell {k}"));
+            (
+                cells[0].to_string(),
+                cells[1] == "on",
+                cells[2].to_string(),
+                [code(3), code(4), code(5), code(6), code(7)],
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn as_nvidia_mig_parted_every_call_of_the_mig_manager_exits_as_mig_parted_does() {
+    let cfg = support::nvidia_config("default-mig-parted-config.yaml");
+    let f = cfg.to_str().unwrap();
+    let rows = exit_code_table();
+    assert_eq!(rows.len(), 36, "3 models × MIG off and on × 6 configs");
+    let calls: [&[&str]; 5] =
+        [&["assert", "--valid-config"], &["assert", "--mode-only"], &["apply", "--mode-only"], &["assert"], &["apply"]];
+    for (spec, on, config, codes) in &rows {
+        for debug in [false, true] {
+            for (call, want) in calls.iter().zip(codes) {
+                // Each call on a node of its own in the row's state, as the manager meets it.
+                let node = Node::new(spec);
+                if *on {
+                    node.run(&["apply", "-f", f, "-c", "all-enabled"]).ok();
+                }
+                let mut args: Vec<&str> = if debug { vec!["-d"] } else { vec![] };
+                args.extend(call.iter());
+                args.extend(["-f", f, "-c", config]);
+                let r = nvidia_mig_parted(&node, &args);
+                let row = format!("{spec}, MIG {}, {config}: {}", if *on { "on" } else { "off" }, args.join(" "));
+                assert_eq!(r.code, *want, "{row}\nstdout: {}\nstderr: {}", r.stdout, r.stderr);
+                // The words scripts and people look for.
+                let last = r.stdout.lines().last().unwrap_or_default();
+                let words = match (call, r.code) {
+                    (["assert", "--valid-config"], 0) => "Selected MIG configuration is valid",
+                    (["assert", "--mode-only"], 0) => "Selected MIG mode settings from configuration currently applied",
+                    (["assert"], 0) => "Selected MIG configuration currently applied",
+                    (_, 0) => "MIG configuration applied successfully",
+                    _ => "",
+                };
+                assert_eq!(last, words, "{row}");
+                if r.code != 0 {
+                    let fatal = r.stderr.lines().last().unwrap_or_default();
+                    assert!(
+                        fatal.starts_with("time=\"") && fatal.contains(" level=fatal msg=\""),
+                        "{row}: {}",
+                        r.stderr
+                    );
+                }
+                if call == &["assert"] && r.code != 0 {
+                    assert!(r
+                        .stderr
+                        .contains("msg=\"Assertion failure: selected configuration not currently applied\""));
+                    assert_eq!(r.stderr.contains("level=debug"), debug, "{row}: the reason only with -d");
+                }
+                // After a mode-only apply the manager asserts the mode again: it must hold.
+                if call == &["apply", "--mode-only"] && r.code == 0 {
+                    let again = nvidia_mig_parted(&node, &["assert", "--mode-only", "-f", f, "-c", config]);
+                    assert_eq!(again.code, 0, "{row}, then assert --mode-only: {}", again.stderr);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpuparts_own_mode_only_verbs_judge_the_mode_and_say_what_they_let_pass() {
+    let cfg = support::nvidia_config("default-mig-parted-config.yaml");
+    let f = cfg.to_str().unwrap();
+    let node = Node::new("A100-SXM4-80GB:2");
+    // all-1g.5gb names a profile an A100-80GB lacks: the mode is still judged and set.
+    let r = node.run(&["assert", "--mode-only", "-f", f, "-c", "all-1g.5gb"]).failed();
+    assert!(r.stderr.contains("MIG mode is disabled"), "{}", r.stderr);
+    let applied = node.run(&["apply", "--mode-only", "-f", f, "-c", "all-1g.5gb"]).ok();
+    assert!(
+        applied.stderr.contains("mode only, not judged") && applied.stderr.contains("1g.5gb"),
+        "{}",
+        applied.stderr
+    );
+    assert!(node.load().gpus.iter().all(|g| g.mig_mode.current && g.gpu_instances.is_empty()));
+    let ok = node.run(&["assert", "--mode-only", "-f", f, "-c", "all-1g.5gb"]).ok();
+    assert!(ok.stdout.contains("Selected MIG mode settings of config 'all-1g.5gb' currently applied"), "{}", ok.stdout);
+    // A config for H200 only selects none of these GPUs: nothing to judge, it passes; in full, it
+    // and the missing profile fail, saying why.
+    let none = node.run(&["assert", "--mode-only", "-f", f, "-c", "all-1g.35gb"]).ok();
+    assert!(none.stderr.contains("has no entry for this node's GPUs"), "{}", none.stderr);
+    let full = node.run(&["assert", "-f", f, "-c", "all-1g.5gb"]).failed();
+    assert!(full.stderr.contains("1g.5gb"), "{}", full.stderr);
+    node.run(&["apply", "-f", f, "-c", "all-1g.35gb"]).failed();
+}

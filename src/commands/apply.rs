@@ -2,6 +2,7 @@
 //! then execute concurrently and report per GPU.
 
 use super::io::read_config;
+use super::mig_parted;
 use crate::backend::open as open_backend;
 use crate::cli::{ApplyArgs, GpuOptions};
 use crate::exec::{ExecOptions, GpuReport, Outcome};
@@ -29,7 +30,7 @@ pub fn run(g: &GpuOptions, a: &ApplyArgs) -> anyhow::Result<ExitCode> {
     let result = apply_with_hooks(g, a, config, hooks.as_ref(), &settings);
     if let Some(h) = &hooks {
         if let Err(e) = h.run("apply-exit", &settings, g.debug) {
-            eprintln!("error: {e}");
+            fail(g, &format!("running the apply-exit hook: {e}"));
             return Ok(ExitCode::FAILURE);
         }
     }
@@ -81,8 +82,12 @@ fn apply_with_hooks(
         Err(PassError::Prepare(e)) if e.selects_nothing && g.as_mig_parted => {
             // mig-parted walks no GPU and succeeds.
             tracing::warn!("{}", e.problems.join("; "));
-            outln!("MIG configuration applied successfully (nothing selected)");
+            outln!("{}", mig_parted::APPLIED);
             return Ok(ExitCode::SUCCESS);
+        }
+        Err(PassError::Prepare(e)) if g.as_mig_parted => {
+            fail(g, &format!("nothing was changed: {}", e.problems.join("; ")));
+            return Ok(ExitCode::FAILURE);
         }
         Err(PassError::Prepare(e)) => {
             eprintln!("error: nothing was changed; config '{}' cannot be applied:", config.name);
@@ -135,15 +140,27 @@ fn apply_with_hooks(
         return Ok(ExitCode::from(code));
     }
     if failed > 0 {
-        eprintln!("error: {failed} GPU(s) failed; see above for what was changed on each");
+        fail(g, &format!("{failed} GPU(s) failed; see above for what was changed on each"));
         return Ok(ExitCode::FAILURE);
     }
     if a.dry_run {
         outln!("dry run, nothing was changed: {totals}");
+    } else if g.as_mig_parted {
+        outln!("{totals}");
+        outln!("{}", mig_parted::APPLIED);
     } else {
         outln!("MIG configuration applied successfully ({totals})");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says why `apply` fails: in mig-parted's words and log format when invoked as it, else `error: …`.
+fn fail(g: &GpuOptions, why: &str) {
+    if g.as_mig_parted {
+        mig_parted::fatal(&format!("error applying MIG configuration with hooks: {why}"));
+    } else {
+        eprintln!("error: {why}");
+    }
 }
 
 /// One GPU's MPS lines: the daemon's action, then (after a run) the commands sent or the failure.

@@ -1,13 +1,14 @@
 //! `gpupart assert`: exit 0 iff the selected config is applied, else the first difference.
 
 use super::io::read_config;
+use super::mig_parted;
 use crate::backend::open as open_backend;
 use crate::cli::{AssertArgs, GpuOptions};
 use crate::layout::DesiredDevices;
 use crate::mps::daemon::DaemonStatus;
 use crate::mps::settings::MpsSettings;
 use crate::observed::GpuState;
-use crate::prepare::{targets, Target};
+use crate::prepare::{mode_targets, targets, Target};
 use anyhow::Context;
 use std::process::ExitCode;
 
@@ -24,6 +25,8 @@ pub fn first_difference(
         let mode = |on: bool| if on { "enabled" } else { "disabled" };
         let daemon = daemons.get(i).and_then(Option::as_ref).filter(|d| d.running());
         match t {
+            // Mode only: the GPUs the config does not select are not judged (as mig-parted walks them).
+            Target::Leave { .. } if mode_only => {}
             Target::Leave { reason } if s.info.mig_capable => return Some(format!("{at}: {reason}")),
             Target::Leave { .. } => {}
             Target::MigDisabled { mps } => {
@@ -95,25 +98,47 @@ pub fn run(g: &GpuOptions, a: &AssertArgs) -> anyhow::Result<ExitCode> {
     let file = read_config(&a.config.config_file)?;
     let config = file.choose(a.config.selected_config.as_deref())?;
     if a.valid_config {
-        outln!("Selected MIG configuration '{}' is valid", config.name);
+        if g.as_mig_parted {
+            outln!("{}", mig_parted::CONFIG_VALID);
+        } else {
+            outln!("Selected MIG configuration '{}' is valid", config.name);
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let backend = open_backend(g)?;
     let states = backend.observe_all().context("reading the GPUs")?;
     let mps = crate::mps::Mps::from_args(g);
     let daemons: Vec<Option<DaemonStatus>> = states.iter().map(|s| mps.observe(s)).collect();
-    let diff = match targets(&states, config) {
+    let wanted = if a.mode_only {
+        // Mode only means mode only: what the entries ask of the devices is not judged.
+        mode_targets(&states, config).map(|(t, let_pass)| {
+            for note in let_pass {
+                tracing::warn!("mode only, not judged: {note}");
+            }
+            t
+        })
+    } else {
+        targets(&states, config)
+    };
+    let diff = match wanted {
         Ok(t) => first_difference(&states, &t, &daemons, a.mode_only),
         Err(e) => Some(e.to_string()),
     };
-    match diff {
-        None => {
-            outln!("Selected MIG configuration currently applied");
-            Ok(ExitCode::SUCCESS)
+    match (diff, g.as_mig_parted) {
+        (None, true) => outln!("{}", if a.mode_only { mig_parted::MODE_APPLIED } else { mig_parted::CONFIG_APPLIED }),
+        (None, false) if a.mode_only => {
+            outln!("Selected MIG mode settings of config '{}' currently applied", config.name)
         }
-        Some(d) => {
+        (None, false) => outln!("Selected MIG configuration currently applied"),
+        (Some(d), true) => {
+            mig_parted::debug(g.debug, &d);
+            mig_parted::fatal(mig_parted::NOT_APPLIED);
+            return Ok(ExitCode::FAILURE);
+        }
+        (Some(d), false) => {
             eprintln!("assertion failure: selected configuration not currently applied: {d}");
-            Ok(ExitCode::FAILURE)
+            return Ok(ExitCode::FAILURE);
         }
     }
+    Ok(ExitCode::SUCCESS)
 }

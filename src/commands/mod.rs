@@ -19,6 +19,7 @@ mod generate;
 mod health;
 mod interrupt;
 mod io;
+pub mod mig_parted;
 mod plan;
 mod status;
 mod validate;

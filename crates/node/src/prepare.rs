@@ -79,6 +79,33 @@ pub fn ident(s: &GpuState) -> GpuIdent {
 
 /// Resolves what `config` wants of each GPU (names resolved on each GPU's own profile table).
 pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, PrepareError> {
+    let resolved = resolve(states, config)?;
+    if resolved.problems.is_empty() {
+        Ok(resolved.targets)
+    } else {
+        Err(PrepareError { problems: resolved.problems, blocked: false, selects_nothing: resolved.selects_nothing })
+    }
+}
+
+/// What `config` wants of each GPU's MIG mode, and nothing else (`--mode-only`): the GPUs it
+/// selects with MIG on or off. What it asks of their devices or MPS daemons is not judged: a
+/// GPU whose entry names devices it cannot hold, or a config that selects none of the GPUs,
+/// passes, and the second value says what was let pass. A config that cannot be read against
+/// the node at all (a device index the node lacks) is still an error.
+pub fn mode_targets(states: &[GpuState], config: &MigConfig) -> Result<(Vec<Target>, Vec<String>), PrepareError> {
+    let resolved = resolve(states, config)?;
+    Ok((resolved.targets, resolved.problems))
+}
+
+/// Every GPU's target, and the problems found resolving them: a GPU with a problem gets its
+/// entry's MIG mode with nothing else (no devices, no MPS daemon).
+struct Resolved {
+    targets: Vec<Target>,
+    problems: Vec<String>,
+    selects_nothing: bool,
+}
+
+fn resolve(states: &[GpuState], config: &MigConfig) -> Result<Resolved, PrepareError> {
     let idents: Vec<GpuIdent> = states.iter().map(ident).collect();
     let selections = select(config, &idents).map_err(|e| PrepareError {
         problems: vec![e.to_string()],
@@ -86,7 +113,9 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
         selects_nothing: false,
     })?;
     if let Some(reason) = crate::config::no_mig_reason(config, &idents, &selections) {
-        return Err(PrepareError { problems: vec![reason], blocked: false, selects_nothing: true });
+        let targets =
+            states.iter().map(|s| Target::Leave { reason: format!("{} does not support MIG", s.info.model) }).collect();
+        return Ok(Resolved { targets, problems: vec![reason], selects_nothing: true });
     }
     let mut out = Vec::new();
     let mut problems = Vec::new();
@@ -104,7 +133,7 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
                         "GPU {} ({}): config '{}', entry {entry}, {e}",
                         s.info.index, s.info.model, config.name
                     ));
-                    continue;
+                    Target::MigDisabled { mps: None }
                 }
             },
             Selection::Enabled { entry, devices } => match DesiredDevices::resolve(&s.profiles, &devices) {
@@ -114,7 +143,7 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
                         "GPU {} ({}): config '{}', entry {entry}, key 'mig-devices': {e}",
                         s.info.index, s.info.model, config.name
                     ));
-                    continue;
+                    Target::MigEnabled { devices: DesiredDevices::default() }
                 }
             },
         });
@@ -129,11 +158,7 @@ pub fn targets(states: &[GpuState], config: &MigConfig) -> Result<Vec<Target>, P
             models.join(", ")
         ));
     }
-    if problems.is_empty() {
-        Ok(out)
-    } else {
-        Err(PrepareError { problems, blocked: false, selects_nothing })
-    }
+    Ok(Resolved { targets: out, problems, selects_nothing })
 }
 
 /// The config's workload mix as this GPU's GPU-instance profile ids (names it lacks drop out).
@@ -162,14 +187,23 @@ fn mix(state: &GpuState, config: &MigConfig) -> Vec<(u32, f64)> {
     mix
 }
 
-/// Plans every GPU. `mode_only` changes MIG modes but leaves instances of enabled GPUs alone.
+/// Plans every GPU. `mode_only` changes MIG modes but leaves instances of enabled GPUs alone, and
+/// judges nothing but the modes ([`mode_targets`]; what it let pass is logged as a warning).
 pub fn prepare(
     states: Vec<GpuState>,
     config: &MigConfig,
     force: bool,
     mode_only: bool,
 ) -> Result<Vec<Job>, PrepareError> {
-    let targets = targets(&states, config)?;
+    let targets = if mode_only {
+        let (targets, let_pass) = mode_targets(&states, config)?;
+        for note in let_pass {
+            tracing::warn!("mode only, not judged: {note}");
+        }
+        targets
+    } else {
+        targets(&states, config)?
+    };
     let mut jobs = Vec::new();
     let mut problems = Vec::new();
     let mut all_blocked = true;
