@@ -189,7 +189,11 @@ fn exit_code_table() -> Vec<(String, bool, String, [i32; 5])> {
         .take_while(|l| l.starts_with('|'))
         .map(|l| {
             let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
-            let code = |k: usize| cells[k].parse::<i32>().unwrap_or_else(|_| panic!("{l}: cell {k}"));
+            // A cell is gpupart's code, mig-parted's after it where the two differ: `1 (mig-parted: 0)`.
+            let code = |k: usize| {
+                let first = cells[k].split_whitespace().next().unwrap_or_default();
+                first.parse::<i32>().unwrap_or_else(|_| panic!("{l}: cell {k}"))
+            };
             (
                 cells[0].to_string(),
                 cells[1] == "on",
