@@ -391,6 +391,10 @@ pub struct ControllerArgs {
     /// Lease duration: a new leader takes over this long after the old one stopped renewing.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: std::time::Duration,
+    /// Events a batch may queue (repeats of one still queued fold into it); the rest are dropped
+    /// and counted in `gpupart_controller_events_dropped_total`.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub events_per_batch: u32,
     /// This replica's name in the Lease [default: $POD_NAME, else host name and pid].
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,

@@ -70,6 +70,7 @@ pub struct Cluster {
     layouts: ObjectName,
     identity: String,
     dra: Option<DraStores>,
+    events: super::events::EventQueue,
 }
 
 /// The DRA objects as the caches hold them.
@@ -148,6 +149,7 @@ impl Cluster {
         changed: mpsc::Sender<()>,
         mps_resource: String,
         dra: bool,
+        events_per_batch: usize,
     ) -> Self {
         let all = watcher::Config::default;
         let nodes =
@@ -187,7 +189,7 @@ impl Cluster {
             ),
             classes: spawn_watch(Api::all(client.clone()), all(), "watching the DeviceClasses", changed, |_| false),
         });
-        Self { client, nodes, pods, layouts, identity, dra }
+        Self { client, nodes, pods, layouts, identity, dra, events: super::events::EventQueue::new(events_per_batch) }
     }
 
     /// Waits until the caches hold a first full list.
@@ -279,13 +281,48 @@ impl Cluster {
         Api::<Node>::all(self.client.clone()).get(name).await
     }
 
-    /// Records an Event about `regarding` (failures are logged, never fatal).
-    pub async fn event(&self, regarding: &ObjectReference, warning: bool, reason: &str, action: &str, note: &str) {
+    /// Queues an Event about `regarding` (never waits; posted off the path, see [`super::events`]).
+    pub fn event(
+        &self,
+        regarding: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) -> super::events::Pushed {
+        let e = super::events::Pending {
+            regarding: regarding.clone(),
+            warning,
+            reason: reason.into(),
+            action: action.into(),
+            note: note.into(),
+            count: 1,
+        };
+        let pushed = self.events.push(e);
+        if pushed == super::events::Pushed::Dropped {
+            tracing::debug!(
+                object = regarding.name.as_deref().unwrap_or_default(),
+                reason,
+                "Event dropped: over the batch's cap"
+            );
+        }
+        pushed
+    }
+
+    /// The Event queue (a batch starts its cap; the loop starts its poster).
+    pub fn events(&self) -> &super::events::EventQueue {
+        &self.events
+    }
+
+    /// Posts one queued Event; whether it was recorded (failures are logged, never fatal).
+    pub async fn post_event(client: Client, identity: String, e: super::events::Pending) -> bool {
+        let regarding = &e.regarding;
+        let (warning, reason, action) = (e.warning, e.reason.as_str(), e.action.as_str());
         let ns = regarding.namespace.clone().unwrap_or_else(|| "default".into());
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &ns);
+        let api: Api<Event> = Api::namespaced(client, &ns);
         let now = k8s_openapi::jiff::Timestamp::now();
         let name = regarding.name.clone().unwrap_or_default();
-        let mut note = note.to_string();
+        let mut note = e.note_with_count();
         if note.len() > 1000 {
             let mut cut = 997;
             while !note.is_char_boundary(cut) {
@@ -307,13 +344,22 @@ impl Cluster {
             type_: Some(if warning { "Warning" } else { "Normal" }.into()),
             regarding: Some(regarding.clone()),
             reporting_controller: Some(REPORTING_CONTROLLER.into()),
-            reporting_instance: Some(self.identity.clone()),
+            reporting_instance: Some(identity),
             ..Default::default()
         };
         let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
-        if let Err(e) = api.create(&pp, &ev).await {
-            tracing::warn!(error = %e, object = %name, reason, "recording an Event failed");
+        match api.create(&pp, &ev).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, object = %name, reason, "recording an Event failed");
+                false
+            }
         }
+    }
+
+    /// This replica's identity (the Events' reporting instance).
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// The API client.

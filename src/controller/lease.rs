@@ -1,12 +1,15 @@
 //! Leader election with a coordination.k8s.io/v1 Lease, as client-go's leaderelection does: the
 //! holder renews it; another replica takes it only once `renewTime + leaseDurationSeconds` has
-//! passed. Every write carries the Lease's resourceVersion, so two replicas never both win. The
-//! controller acts only while its last renewal is younger than the lease duration.
+//! passed. Every write carries the Lease's resourceVersion, so two replicas never both win.
+//! [`Leadership`] keeps it on its own clock, apart from the work: a task acquires or renews every
+//! retry period, and the controller acts only while the last renewal is younger than the renew
+//! deadline, which is shorter than the lease duration, so a successor never overlaps.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What to do with the Lease as found.
@@ -68,18 +71,6 @@ impl Elector {
     /// (with a margin of a fifth, for clock and request time).
     pub fn is_leader(&self) -> bool {
         self.renewed.is_some_and(|t| t.elapsed() < self.duration.mul_f64(0.8))
-    }
-
-    /// Renews the Lease when a third of its duration has passed since the last renewal (long
-    /// work between renewals keeps it); returns whether this replica may act.
-    pub async fn renew_if_due(&mut self) -> bool {
-        if self.renewed.is_some_and(|t| t.elapsed() < self.duration / 3) {
-            return true;
-        }
-        if let Err(e) = self.try_lead().await {
-            tracing::warn!(error = %e, "renewing the Lease failed");
-        }
-        self.is_leader()
     }
 
     /// Who holds the Lease, as last seen.
@@ -146,6 +137,90 @@ impl Elector {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// Leadership kept on its own clock, as client-go's `leaderelection` keeps it: a task tries to
+/// acquire or renew the Lease every retry period (a tenth of the lease duration, at least
+/// 200 ms), each try bounded by the retry period; this replica leads while its last successful
+/// renewal is younger than the renew deadline (two thirds of the lease duration). Writers ask
+/// [`Leadership::leads`] right before each write, which costs no request.
+#[derive(Clone)]
+pub struct Leadership {
+    state: Arc<Mutex<Seen>>,
+    deadline: Duration,
+}
+
+#[derive(Default)]
+struct Seen {
+    renewed: Option<Instant>,
+    holder: Option<String>,
+    transitions: u64,
+}
+
+impl Leadership {
+    /// Starts the renewal task for `elector`; `changed` is told when this replica starts or
+    /// stops leading.
+    pub fn spawn(mut elector: Elector, changed: tokio::sync::mpsc::Sender<()>) -> Self {
+        let duration = elector.duration;
+        let retry = (duration / 10).max(Duration::from_millis(200));
+        let me = Self { state: Arc::default(), deadline: duration.mul_f64(2.0 / 3.0) };
+        let shared = me.clone();
+        tokio::spawn(async move {
+            loop {
+                let was = shared.leads();
+                let started = Instant::now();
+                match tokio::time::timeout(retry, elector.try_lead()).await {
+                    Ok(Ok(true)) => shared.renewed(started, &elector),
+                    Ok(Ok(false)) => shared.lost(&elector),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "reading or renewing the Lease failed"),
+                    Err(_) => tracing::warn!(
+                        ms = retry.as_millis() as u64,
+                        "renewing the Lease took longer than its retry period"
+                    ),
+                }
+                if shared.leads() != was {
+                    let _ = changed.try_send(());
+                }
+                tokio::time::sleep(retry.saturating_sub(started.elapsed())).await;
+            }
+        });
+        me
+    }
+
+    /// Whether this replica leads now: its last renewal is younger than the renew deadline.
+    pub fn leads(&self) -> bool {
+        self.lock().renewed.is_some_and(|t| t.elapsed() < self.deadline)
+    }
+
+    /// Who holds the Lease, as last seen.
+    pub fn holder(&self) -> Option<String> {
+        self.lock().holder.clone()
+    }
+
+    /// How many times this replica started leading.
+    pub fn transitions(&self) -> u64 {
+        self.lock().transitions
+    }
+
+    fn renewed(&self, at: Instant, elector: &Elector) {
+        let mut s = self.lock();
+        if s.renewed.is_none_or(|t| t.elapsed() >= self.deadline) {
+            s.transitions += 1;
+        }
+        // The renewal counts from when it was asked: the request's time is not leadership.
+        s.renewed = Some(at);
+        s.holder = elector.holder().map(str::to_string);
+    }
+
+    fn lost(&self, elector: &Elector) {
+        let mut s = self.lock();
+        s.renewed = None;
+        s.holder = elector.holder().map(str::to_string);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -32,6 +32,9 @@ pub struct ControllerMetrics {
     defrag_evictions: Family<Labels, Counter>,
     defrag_plans: Family<Labels, Counter>,
     defrag_served: Counter,
+    events_posted: Family<Labels, Counter>,
+    events_dropped: Counter,
+    batches: Counter,
     defrag_wait: Histogram,
 }
 
@@ -118,6 +121,19 @@ impl ControllerMetrics {
             "From a pod becoming unschedulable to its being bound into the room a plan made",
             defrag_wait.clone(),
         );
+        let events_posted = Family::<Labels, Counter>::default();
+        r.register("events_posted", "Events posted, by outcome (ok, error)", events_posted.clone());
+        for o in ["ok", "error"] {
+            let _ = events_posted.get_or_create(&vec![("outcome".into(), o.into())]);
+        }
+        let events_dropped = Counter::default();
+        r.register(
+            "events_dropped",
+            "Events not posted: over the per-batch cap or the queue's capacity, or queued when the replica stopped leading",
+            events_dropped.clone(),
+        );
+        let batches = Counter::default();
+        r.register("batches", "Decision batches this replica ran while leading", batches.clone());
         Self {
             registry: r,
             lock: Mutex::new(()),
@@ -135,7 +151,23 @@ impl ControllerMetrics {
             defrag_plans,
             defrag_served,
             defrag_wait,
+            events_posted,
+            events_dropped,
+            batches,
         }
+    }
+
+    /// Counts an Event posted (or whose post failed).
+    pub fn event_posted(&self, ok: bool) {
+        let _g = self.guard();
+        let outcome = if ok { "ok" } else { "error" };
+        self.events_posted.get_or_create(&vec![("outcome".into(), outcome.into())]).inc();
+    }
+
+    /// Counts Events dropped.
+    pub fn events_dropped(&self, n: u64) {
+        let _g = self.guard();
+        self.events_dropped.inc_by(n);
     }
 
     /// Counts an eviction's outcome.
@@ -174,6 +206,7 @@ impl ControllerMetrics {
     /// The batch's figures: pending pods by resource name, unserved pods, fragmentation.
     pub fn batch(&self, pending: &BTreeMap<String, u32>, not_served: usize, fragmentation: Option<f64>, now: f64) {
         let _g = self.guard();
+        self.batches.inc();
         self.pending.clear();
         for (r, n) in pending {
             self.pending.get_or_create(&vec![("resource".into(), r.clone())]).set(f64::from(*n));

@@ -11,6 +11,7 @@ pub use gpupart_cluster::controller::{capacity, decide, fit, gpu_options, layout
 
 pub mod cluster;
 pub mod defrag;
+pub mod events;
 pub mod evict;
 pub mod lease;
 pub mod metrics;

@@ -4,8 +4,9 @@
 
 use super::cluster::{node_ref, pod_ref, Cluster, Layouts, WriteError};
 use super::decide::{decide, idle_clocks, Decision, Kind, Options, Outcome, World};
+use super::events::Pushed;
 use super::layouts::Generated;
-use super::lease::Elector;
+use super::lease::{Elector, Leadership};
 use super::metrics::ControllerMetrics;
 use super::nodes::{GpuNode, Phase};
 use super::pods::{self, GpuPod, NotServed};
@@ -75,6 +76,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         tx,
         a.mps_resource.clone(),
         a.defrag.defrag,
+        a.events_per_batch as usize,
     );
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -90,9 +92,14 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         "watching nodes and pods"
     );
     health.set_ready();
-    let mut elector = Elector::new(client, &a.lease.namespace, &a.lease.name, &me, a.lease_duration);
-    let renew = (a.lease_duration / 3).max(Duration::from_millis(200));
-    let mut renew_tick = tokio::time::interval(renew);
+    // The Lease is renewed on its own clock, whatever a batch or a write waits on.
+    let (lead_tx, mut lead_rx) = mpsc::channel::<()>(1);
+    let elector = Elector::new(client, &a.lease.namespace, &a.lease.name, &me, a.lease_duration);
+    let leadership = Leadership::spawn(elector, lead_tx);
+    let (events_client, events_identity) = (cluster.client(), cluster.identity().to_string());
+    cluster.events().serve(leadership.clone(), metrics.clone(), move |e| {
+        super::cluster::Cluster::post_event(events_client.clone(), events_identity.clone(), e)
+    });
     let mut resync = tokio::time::interval(a.resync_interval.max(Duration::from_millis(100)));
     let mut memory = Memory::default();
     if a.defrag.defrag {
@@ -115,7 +122,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            _ = renew_tick.tick() => {}
+            Some(()) = lead_rx.recv() => {}
             _ = resync.tick() => batch = true,
             Some(()) = rx.recv() => {
                 collect_batch(&mut rx, a.batch_window).await;
@@ -123,12 +130,10 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
             }
         }
         health.beat();
-        if let Err(e) = elector.try_lead().await {
-            tracing::warn!(error = %e, "reading or renewing the Lease failed");
-        }
-        let leader = elector.is_leader();
+        let leader = leadership.leads();
         if was_leader != Some(leader) && !leader {
-            tracing::info!(holder = elector.holder().unwrap_or("nobody"), "standing by: another replica leads");
+            let holder = leadership.holder().unwrap_or_else(|| "nobody".to_string());
+            tracing::info!(holder = %holder, "standing by: another replica leads");
         }
         // A replica that just took the lead decides at once on what its caches hold, rather
         // than at the next change or resync.
@@ -139,7 +144,7 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         was_leader = Some(leader);
         metrics.standing(leader, memory.paused);
         if (batch || took_lead) && leader {
-            if let Err(e) = one_batch(&a, &cluster, &mut elector, &metrics, &opts, &mut memory).await {
+            if let Err(e) = one_batch(&a, &cluster, &leadership, &metrics, &opts, &mut memory).await {
                 tracing::warn!(error = %format!("{e:#}"), "the batch failed; retrying at the next change or resync");
             }
         }
@@ -213,12 +218,13 @@ fn read_world(cluster: &Cluster, mps_resource: &str, pools: &Pools) -> (Vec<GpuN
 async fn one_batch(
     a: &ControllerArgs,
     cluster: &Cluster,
-    elector: &mut Elector,
+    leadership: &Leadership,
     metrics: &ControllerMetrics,
     opts: &Options,
     memory: &mut Memory,
 ) -> anyhow::Result<()> {
     let now = crate::clock::now_secs();
+    cluster.events().new_batch();
     let layouts = cluster.layouts().await.with_context(|| format!("reading ConfigMap {}", a.layouts_configmap))?;
     if layouts.paused != memory.paused {
         tracing::info!(paused = layouts.paused, configmap = %a.layouts_configmap, "the controller's off switch changed");
@@ -243,7 +249,9 @@ async fn one_batch(
     }
     let world = World { nodes: &nodes, pods: &gpu_pods, config: config.as_ref(), now, idle_since: &memory.idle_since };
     let started = std::time::Instant::now();
-    let outcome = decide(&world, opts);
+    // The decision is CPU work: the runtime's other tasks (the Lease's renewal, the Events,
+    // the watches) move to another worker meanwhile.
+    let outcome = tokio::task::block_in_place(|| decide(&world, opts));
     tracing::debug!(
         ms = started.elapsed().as_millis() as u64,
         decisions = outcome.decisions.len(),
@@ -266,7 +274,8 @@ async fn one_batch(
         );
     }
     let made =
-        carry_out(a, cluster, elector, metrics, memory, &nodes, &gpu_pods, &layouts, &outcome, now, &opts.pools).await;
+        carry_out(a, cluster, leadership, metrics, memory, &nodes, &gpu_pods, &layouts, &outcome, now, &opts.pools)
+            .await;
     let by_key: BTreeMap<&str, &GpuPod> = gpu_pods.iter().map(|p| (p.key.as_str(), p)).collect();
     let mut still: BTreeSet<String> = BTreeSet::new();
     for n in outcome.not_served.iter().chain(&refused) {
@@ -275,15 +284,17 @@ async fn one_batch(
             tracing::debug!(pod = %n.key, reason = %n.reason, "still not served");
             continue;
         }
-        memory.told.insert(n.key.clone(), n.kind);
-        tracing::info!(pod = %n.key, reason = %n.reason, "not served");
         let (ns, name) = n.key.split_once('/').unwrap_or(("default", &n.key));
         let uid = by_key.get(n.key.as_str()).map_or("", |p| p.uid.as_str());
-        cluster.event(&pod_ref(ns, name, uid), true, "NotServed", "Repartition", &n.reason).await;
+        // Over the batch's cap, the pod is told at a later batch.
+        if cluster.event(&pod_ref(ns, name, uid), true, "NotServed", "Repartition", &n.reason) != Pushed::Dropped {
+            memory.told.insert(n.key.clone(), n.kind);
+            tracing::info!(pod = %n.key, reason = %n.reason, "not served");
+        }
     }
     memory.told.retain(|k, _| still.contains(k));
     if let Some(d) = memory.defrag.as_mut() {
-        d.step(cluster, elector, metrics, &outcome.drains, &made, now).await;
+        d.step(cluster, leadership, metrics, &outcome.drains, &made, now).await;
     }
     Ok(())
 }
@@ -339,7 +350,7 @@ fn verb(kind: &Kind, dry_run: bool) -> (&'static str, &'static str) {
 async fn carry_out(
     a: &ControllerArgs,
     cluster: &Cluster,
-    elector: &mut Elector,
+    leadership: &Leadership,
     metrics: &ControllerMetrics,
     memory: &mut Memory,
     nodes: &[GpuNode],
@@ -370,7 +381,7 @@ async fn carry_out(
         }
     }
     if !a.dry_run && !planned.is_empty() {
-        if !elector.renew_if_due().await {
+        if !leadership.leads() {
             tracing::warn!("lost the Lease; the decisions are left to the next leader");
             return made;
         }
@@ -385,7 +396,7 @@ async fn carry_out(
         }
     }
     for (d, node, layout) in planned {
-        if !a.dry_run && !elector.renew_if_due().await {
+        if !a.dry_run && !leadership.leads() {
             tracing::warn!("lost the Lease; the remaining decisions are left to the next leader");
             return made;
         }
@@ -428,11 +439,11 @@ async fn carry_out(
         metrics.decided(d.kind.as_str(), a.dry_run, d.unblocks());
         let uid = node_uid(cluster, &d.node);
         let node_note = if d.pods.is_empty() { note.clone() } else { format!("{note}; for {}", d.pods.join(", ")) };
-        cluster.event(&node_ref(&d.node, uid.as_deref()), false, reason, d.kind.as_str(), &node_note).await;
+        cluster.event(&node_ref(&d.node, uid.as_deref()), false, reason, d.kind.as_str(), &node_note);
         for k in &d.pods {
             let Some(p) = by_key.get(k.as_str()) else { continue };
             memory.told.remove(k);
-            cluster.event(&pod_ref(&p.namespace, &p.name, &p.uid), false, reason, d.kind.as_str(), &note).await;
+            cluster.event(&pod_ref(&p.namespace, &p.name, &p.uid), false, reason, d.kind.as_str(), &note);
         }
     }
     made

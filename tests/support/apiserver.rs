@@ -123,6 +123,9 @@ pub struct Store {
     pub oldest_watchable: u64,
     /// `410 Expired` answers sent to watches so far.
     pub expired_sent: u32,
+    /// How long every write takes to be answered (a busy control plane answers writes in tens
+    /// of milliseconds); concurrent writes wait concurrently, as they do on a real API server.
+    pub write_delay: std::time::Duration,
 }
 
 impl Store {
@@ -407,6 +410,10 @@ async fn handle(
     let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let watch = q.get("watch").is_some_and(|v| v == "true" || v == "1");
     let manager = q.get("fieldManager").cloned();
+    let delay = if method == Method::GET { std::time::Duration::ZERO } else { sh.store.lock().unwrap().write_delay };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     {
         let mut s = sh.store.lock().unwrap();
         let user = headers
@@ -911,6 +918,11 @@ impl ApiServer {
     pub fn add_node(&self, name: &str, annotations: &[(&str, &str)]) {
         let a: BTreeMap<&str, &str> = annotations.iter().copied().collect();
         self.put("nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": a}, "spec": {}, "status": {}}));
+    }
+
+    /// Answers every write after `delay`.
+    pub fn delay_writes(&self, delay: std::time::Duration) {
+        self.store().write_delay = delay;
     }
 
     /// Every pod.

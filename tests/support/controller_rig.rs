@@ -83,7 +83,17 @@ impl Rig {
     /// Starts a controller with `extra` flags; its log (info) goes to `<dir>/<identity>.log`.
     pub fn controller(&self, identity: &str, extra: &[&str]) -> Proc {
         // Each controller authenticates as `controller` (the RBAC test reads its requests).
-        let kubeconfig = self.api.kubeconfig_as(self.dir.path(), "controller");
+        self.controller_as(identity, "controller", extra)
+    }
+
+    /// A cluster of `api`'s objects alone: no agents (its nodes carry what agents would publish).
+    pub fn bare(api: Arc<ApiServer>) -> Self {
+        Self { api, nodes: BTreeMap::new(), scheduler: None, agents: Vec::new(), dir: tempfile::tempdir().unwrap() }
+    }
+
+    /// A controller replica authenticating as `user` (to tell the replicas' requests apart).
+    pub fn controller_as(&self, identity: &str, user: &str, extra: &[&str]) -> Proc {
+        let kubeconfig = self.api.kubeconfig_as(self.dir.path(), user);
         let log = std::fs::File::create(self.dir.path().join(format!("{identity}.log"))).unwrap();
         // The shipped Deployment's flags, then the rig's (quick batches, short lease), then `extra`.
         let mut flags: Vec<(String, Option<String>)> = Vec::new();

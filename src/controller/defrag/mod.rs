@@ -22,7 +22,7 @@ mod start;
 
 use crate::cli::DefragArgs;
 use crate::controller::cluster::Cluster;
-use crate::controller::lease::Elector;
+use crate::controller::lease::Leadership;
 use crate::controller::metrics::ControllerMetrics;
 use gpupart_cluster::controller::decide::Drain;
 use gpupart_cluster::defrag::dra_world;
@@ -159,7 +159,7 @@ impl Defrag {
     pub async fn step(
         &mut self,
         cluster: &Cluster,
-        elector: &mut Elector,
+        leadership: &Leadership,
         metrics: &ControllerMetrics,
         drains: &[Drain],
         made: &std::collections::BTreeSet<String>,
@@ -177,10 +177,10 @@ impl Defrag {
         self.adopt(&seen, now);
         let nodes: Vec<String> = self.campaigns.keys().cloned().collect();
         for node in nodes {
-            if !elector.is_leader() {
+            if !leadership.leads() {
                 return;
             }
-            self.go_on(cluster, elector, metrics, &seen, &node, now).await;
+            self.go_on(cluster, leadership, metrics, &seen, &node, now).await;
         }
         self.plan_new(cluster, metrics, &seen, now).await;
     }

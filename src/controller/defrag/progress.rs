@@ -2,7 +2,7 @@
 
 use crate::controller::cluster::{node_ref, pod_ref, Cluster};
 use crate::controller::evict::{evict, Eviction};
-use crate::controller::lease::Elector;
+use crate::controller::lease::Leadership;
 use crate::controller::metrics::ControllerMetrics;
 use gpupart_cluster::controller::nodes::GpuNode;
 use gpupart_cluster::defrag::dra_world;
@@ -22,7 +22,7 @@ impl Defrag {
     pub(super) async fn go_on(
         &mut self,
         cluster: &Cluster,
-        elector: &mut Elector,
+        leadership: &Leadership,
         metrics: &ControllerMetrics,
         seen: &Seen,
         node: &str,
@@ -127,7 +127,7 @@ impl Defrag {
                 }
                 continue;
             }
-            if !elector.renew_if_due().await {
+            if !leadership.leads() {
                 tracing::warn!("lost the Lease; the plan is left to the next leader");
                 self.campaigns.insert(node.to_string(), c);
                 return;
@@ -150,7 +150,7 @@ impl Defrag {
                     );
                     tracing::info!(pod = %s.pod, for_pod = %c.waiting, node, replacement_on = %s.to, "evicted to make room");
                     let uid = p.metadata.uid.clone().unwrap_or_default();
-                    cluster.event(&pod_ref(&ns, &name, &uid), false, "Defragmenting", "Evict", &note).await;
+                    cluster.event(&pod_ref(&ns, &name, &uid), false, "Defragmenting", "Evict", &note);
                 }
                 Ok(Eviction::Gone) => {
                     metrics.eviction("gone");
@@ -166,7 +166,7 @@ impl Defrag {
                         let (wns, wname) = c.waiting.split_once('/').unwrap_or(("default", &c.waiting));
                         let note = format!("moving {} waits: {why}", s.pod);
                         let uid = c.uid.clone().unwrap_or_default();
-                        cluster.event(&pod_ref(wns, wname, &uid), true, "DefragmentBlocked", "Evict", &note).await;
+                        cluster.event(&pod_ref(wns, wname, &uid), true, "DefragmentBlocked", "Evict", &note);
                     }
                     c.steps[i].blocked = Some(why);
                 }
@@ -288,7 +288,7 @@ impl Defrag {
         if end == End::Served {
             tracing::info!(pod = %c.waiting, node = %c.node, waited_s = waited.unwrap_or(0.0), "served: bound into the room");
             let note = format!("bound into the room made on {room}");
-            cluster.event(&pod_ref(ns, name, &uid), false, "Defragmented", "Confirm", &note).await;
+            cluster.event(&pod_ref(ns, name, &uid), false, "Defragmented", "Confirm", &note);
         } else {
             tracing::warn!(pod = %c.waiting, node = %c.node, outcome = end.as_str(), reason = why, "the plan ended without serving the pod; the room is released");
             if !matches!(end, End::ServedElsewhere | End::Abandoned) {
@@ -296,17 +296,15 @@ impl Defrag {
             }
             let note = format!("the room ({room}) is released: {why}");
             if end != End::Abandoned || !why.contains("gone") {
-                cluster.event(&pod_ref(ns, name, &uid), true, "DefragmentFailed", "Release", &note).await;
+                cluster.event(&pod_ref(ns, name, &uid), true, "DefragmentFailed", "Release", &note);
             }
-            cluster
-                .event(
-                    &node_ref(&c.node, None),
-                    true,
-                    "DefragmentFailed",
-                    "Release",
-                    &format!("for {}: {note}", c.waiting),
-                )
-                .await;
+            cluster.event(
+                &node_ref(&c.node, None),
+                true,
+                "DefragmentFailed",
+                "Release",
+                &format!("for {}: {note}", c.waiting),
+            );
         }
     }
 }

@@ -81,7 +81,7 @@ impl Defrag {
             tracing::info!(pod = %d.for_pod, node = %d.node, moves = ?words, "defragmenting: {note}");
             let (ns, name) = d.for_pod.split_once('/').unwrap_or(("default", &d.for_pod));
             let uid = p.metadata.uid.clone().unwrap_or_default();
-            cluster.event(&pod_ref(ns, name, &uid), false, "Defragmenting", "Plan", &note).await;
+            cluster.event(&pod_ref(ns, name, &uid), false, "Defragmenting", "Plan", &note);
             let steps = moves
                 .iter()
                 .map(|(pod, to)| {
@@ -252,7 +252,7 @@ impl Defrag {
                 if self.tell(&k, &note) {
                     metrics.plan("dry_run", None);
                     tracing::info!(pod = %k, node = %plan.node, gpus = ?plan.room, moves = ?moves, share_slices = plan.cost.share, candidates = search.candidates, dry_run = true, "would defragment: {note}");
-                    cluster.event(&pod_ref(ns, name, &uid), false, "WillDefragment", "Plan", &note).await;
+                    cluster.event(&pod_ref(ns, name, &uid), false, "WillDefragment", "Plan", &note);
                 }
                 continue;
             }
@@ -272,7 +272,7 @@ impl Defrag {
             }
             metrics.plan("started", None);
             tracing::info!(pod = %k, node = %plan.node, gpus = ?plan.room, moves = ?moves, share_slices = plan.cost.share, candidates = search.candidates, "defragmenting: {note}");
-            cluster.event(&pod_ref(ns, name, &uid), false, "Defragmenting", "Plan", &note).await;
+            cluster.event(&pod_ref(ns, name, &uid), false, "Defragmenting", "Plan", &note);
             let steps = plan
                 .moves
                 .iter()

@@ -1,0 +1,109 @@
+//! `gpupart controller` at scale, two replicas, against an API server that answers every write in
+//! 50 ms: many nodes carrying what their agents publish (8 × A100-80GB at `all-3g.40gb`, idle),
+//! hundreds of pending `nvidia.com/mig-1g.10gb` pods. The Lease is renewed on its own clock while
+//! the leader decides and writes, so its holder never changes and the standby never writes; the
+//! Events a batch queues stay under the cap; the first node changes within seconds.
+
+mod support;
+
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::apiserver::ApiServer;
+use support::controller_rig::{Rig, CONFIG, LAYOUT, LAYOUTS, STATE};
+use support::scheduler::gpu_pod;
+
+/// Nodes and pods of the run: enough that deciding and writing take longer than the Lease.
+const NODES: usize = 1000;
+const PODS: usize = 500;
+/// `--events-per-batch` of the run.
+const CAP: u64 = 50;
+
+/// What an agent publishes for 8 idle A100-80GB at `all-3g.40gb`.
+fn agent_annotations() -> serde_json::Value {
+    let gpus: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            json!({"i": i, "uuid": format!("GPU-{i}"), "model": "A100-SXM4-80GB", "mode": "mig",
+                   "layout": ["3g.40gb@0", "3g.40gb@4"], "creatable": {}, "largest": "none", "frag": 0.0})
+        })
+        .collect();
+    json!({
+        "gpupart.io/gpus": serde_json::to_string(&gpus).unwrap(),
+        "gpupart.io/fragmentation": r#"{"ratio":0,"fragmentedGpus":0,"unallocatedGpus":0,"wholeFreeGpus":0,"workload":"uniform-base-profiles"}"#,
+        "gpupart.io/state-layout": "all-3g.40gb",
+    })
+}
+
+fn lease(api: &ApiServer) -> Option<(String, i64)> {
+    let l = api.get("leases", LAYOUTS.0, "gpupart-controller")?;
+    Some((l["spec"]["holderIdentity"].as_str()?.to_string(), l["spec"]["leaseTransitions"].as_i64().unwrap_or(0)))
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[test]
+fn two_replicas_keep_one_leader_while_a_large_batch_is_decided_and_written() {
+    let api = Arc::new(ApiServer::empty());
+    api.put(
+        "configmaps",
+        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
+    );
+    for k in 0..NODES {
+        api.put(
+            "nodes",
+            json!({"metadata": {"name": format!("gpu-{k:04}"), "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
+                   "annotations": agent_annotations()}, "spec": {}}),
+        );
+    }
+    for k in 0..PODS {
+        let mut p = gpu_pod("serving", &format!("small-{k:03}"), "nvidia.com/mig-1g.10gb", 1, false);
+        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/1000 nodes are available: 1000 Insufficient nvidia.com/mig-1g.10gb."}]);
+        api.put("pods", p);
+    }
+    api.delay_writes(Duration::from_millis(50));
+    let rig = Rig::bare(api.clone());
+    let flags = ["--lease-duration", "3s", "--events-per-batch", "50", "--resync-interval", "2s"];
+    let _a = rig.controller_as("replica-a", "replica-a", &flags);
+    let started = Instant::now();
+    rig.wait("replica-a holds the Lease", 60, |r| lease(&r.api).is_some_and(|(h, _)| h == "replica-a"));
+    let _b = rig.controller_as("replica-b", "replica-b", &flags);
+    // The first node change: its layout label no longer the one every node started with.
+    let changed = |r: &Rig| {
+        r.api.store().all("nodes").iter().any(|n| n["metadata"]["labels"][LAYOUT].as_str() != Some("all-3g.40gb"))
+    };
+    rig.wait("a node changes", 60, changed);
+    let first_change = started.elapsed();
+    // Watch the Lease for as long again as a batch and its writes took, at least 10 s.
+    let until = Instant::now() + first_change.max(Duration::from_secs(10));
+    while Instant::now() < until {
+        let (holder, transitions) = lease(&api).expect("the Lease");
+        assert_eq!((holder.as_str(), transitions), ("replica-a", 0), "the Lease changed hands");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let standby_writes: Vec<String> = api
+        .store()
+        .identities
+        .iter()
+        .filter(|i| i.is_write() && i.user.as_deref() == Some("replica-b"))
+        .map(|i| format!("{} {}", i.method, i.path))
+        .collect();
+    assert!(standby_writes.is_empty(), "the standby wrote: {standby_writes:?}");
+    // Events: at most the cap per batch, the rest counted as dropped.
+    let m = rig.metrics("replica-a");
+    let (batches, dropped) =
+        (metric(&m, "gpupart_controller_batches_total"), metric(&m, "gpupart_controller_events_dropped_total"));
+    let events = api.store().all("events").len() as u64;
+    assert!(batches >= 1 && events <= CAP * batches, "{events} Events in {batches} batches, cap {CAP}");
+    assert!(dropped > 0, "500 pods in one batch, cap 50: some are dropped\n{m}");
+    assert!(rig.log("replica-a").matches("became the leader").count() == 1, "{}", rig.log("replica-a"));
+    println!(
+        "{NODES} nodes, {PODS} pods: first node change after {:.1} s, {batches} batches, {events} Events, {dropped} dropped, 0 Lease transitions",
+        first_change.as_secs_f64()
+    );
+}
