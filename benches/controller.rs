@@ -17,7 +17,8 @@
 //! A node that changes takes 2 minutes (3 with a MIG mode change) before pods bind to it.
 //! The scheduler binds pending pods first fit, oldest first, every minute.
 //!
-//! Run: `cargo bench --bench controller`.
+//! First, one batch decision at 1,000 to 10,000 nodes with 500 and 5,000 pending pods (p50/p99,
+//! RSS). Run: `cargo bench --bench controller` (`GPUPART_BENCH_SCALE_ONLY=1` for that table alone).
 
 use gpupart::controller::decide::{decide, idle_clocks, Decision, Kind, Options, World};
 use gpupart::controller::layouts::generate;
@@ -613,6 +614,10 @@ fn run(setup: Setup, pods: &[TracePod]) -> Figures {
 }
 
 fn main() {
+    scale();
+    if std::env::var_os("GPUPART_BENCH_SCALE_ONLY").is_some() {
+        return;
+    }
     println!("\n## Controller simulation: 48 h, {NODES} nodes × {GPUS} {MODEL}");
     for (load, peak) in [("moderate", 3.9), ("heavy", 6.0)] {
         let pods = trace(peak);
@@ -658,5 +663,84 @@ fn main() {
                 f.decide_ms / 1000.0
             );
         }
+    }
+}
+
+/// A node as its agent publishes it: 8 idle A100-80GB at `all-3g.40gb`; `distinct`: with an
+/// allocatable CPU of its own, so that no two nodes are alike.
+fn scale_node(k: usize, distinct: bool) -> GpuNode {
+    let gpus: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            serde_json::json!({"i": i, "uuid": format!("GPU-{k}-{i}"), "model": "A100-SXM4-80GB", "mode": "mig",
+                "layout": ["3g.40gb@0", "3g.40gb@4"], "creatable": {}, "largest": "none", "frag": 0.0})
+        })
+        .collect();
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("gpu-{k:05}"),
+            "labels": {LAYOUT_LABEL: "all-3g.40gb", STATE_LABEL: "success"},
+            "annotations": {"gpupart.io/gpus": serde_json::to_string(&gpus).unwrap(), STATE_LAYOUT: "all-3g.40gb",
+                "gpupart.io/fragmentation": r#"{"ratio":0,"fragmentedGpus":0,"unallocatedGpus":0,"wholeFreeGpus":0}"#}},
+        "spec": {},
+        "status": {"allocatable": if distinct { serde_json::json!({"cpu": format!("{}m", 64_000 + k)}) } else { serde_json::json!({}) }}
+    }))
+    .expect("a Node");
+    GpuNode::read(&node).expect("the annotation parses").expect("a GPU node")
+}
+
+/// A pending pod asking one `nvidia.com/mig-1g.10gb`, unschedulable.
+fn scale_pod(k: usize) -> GpuPod {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"namespace": "serving", "name": format!("small-{k:05}"), "uid": format!("uid-{k}")},
+        "spec": {"containers": [{"name": "s", "image": "vllm", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    }))
+    .expect("a Pod");
+    gpupart::controller::pods::read(&pod, "gpupart.io/mps").expect("readable").expect("a GPU pod")
+}
+
+/// Resident set size now and at its peak, MiB (`/proc/self/status`).
+fn rss_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+    };
+    (kib("VmRSS:").unwrap_or(0.0) / 1024.0, kib("VmHWM:").unwrap_or(0.0) / 1024.0)
+}
+
+/// One batch decision at thousands of nodes: p50 and p99 over repeated batches, and the RSS.
+fn scale() {
+    let config = gpupart::config::parse(
+        "version: v1\nmig-configs:\n  all-3g.40gb:\n    - devices: all\n      mig-enabled: true\n      mig-devices: {\"3g.40gb\": 2}\n",
+    )
+    .expect("config");
+    println!("\n## Controller batch decision at scale (release build; 8 × A100-80GB per node at all-3g.40gb, idle; pending nvidia.com/mig-1g.10gb pods)\n");
+    println!("| nodes | pending pods | batches | decision p50 ms | p99 ms | decisions | RSS MiB (peak) |");
+    println!("|---|---|---|---|---|---|---|");
+    let rows = [(1000usize, 500usize, false), (1000, 5000, false), (5000, 500, false), (5000, 5000, false)];
+    let rows =
+        rows.into_iter().chain([(10_000, 500, false), (10_000, 5000, false), (1000, 500, true), (5000, 500, true)]);
+    for (nodes, pods, distinct) in rows {
+        let ns: Vec<GpuNode> = (0..nodes).map(|k| scale_node(k, distinct)).collect();
+        let ps: Vec<GpuPod> = (0..pods).map(scale_pod).collect();
+        let idle = BTreeMap::new();
+        let world = World { nodes: &ns, pods: &ps, config: Some(&config), now: 1_000_000, idle_since: &idle };
+        let opts = Options::default();
+        let runs = if nodes * pods >= 5_000_000 { 5 } else { 11 };
+        let mut ms = Vec::new();
+        let mut decided = 0;
+        for _ in 0..runs {
+            let t = Instant::now();
+            let out = decide(&world, &opts);
+            ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            decided = out.decisions.len();
+        }
+        ms.sort_by(f64::total_cmp);
+        let (rss, peak) = rss_mib();
+        println!(
+            "| {nodes}{} | {pods} | {runs} | {:.0} | {:.0} | {decided} | {rss:.0} ({peak:.0}) |",
+            if distinct { ", no two alike" } else { "" },
+            ms[runs / 2],
+            ms[(runs - 1) * 99 / 100]
+        );
     }
 }

@@ -119,7 +119,7 @@ impl NodeLedger {
 pub fn ledger(
     node: &GpuNode,
     model: &Model,
-    pods: &[GpuPod],
+    pods: &[&GpuPod],
     config: Option<&ConfigFile>,
 ) -> (NodeLedger, Vec<CurrentGpu>) {
     let mut l = NodeLedger::default();
@@ -184,7 +184,16 @@ pub fn schedule<'p>(
     waiting.sort_by_key(|p| p.queue_order());
     let mut left = Vec::new();
     let mut placed: Assigned<'p> = Vec::new();
+    // Until the next placement the ledgers and the placed pods stay as they are, so a pod asking
+    // what one found no node for, under the same constraints, finds none either.
+    let mut nowhere: std::collections::HashSet<String> = std::collections::HashSet::new();
     for p in waiting {
+        let namespace = p.key.split('/').next().unwrap_or_default();
+        let alike = format!("{:?}|{}|{namespace}|{:?}", p.asks().collect::<Vec<_>>(), p.dedicated, p.constraints);
+        if nowhere.contains(&alike) {
+            left.push(p);
+            continue;
+        }
         let fit = (0..ledgers.len()).find(|&i| {
             usable[i]
                 && (!dedicated[i] || p.dedicated)
@@ -197,8 +206,12 @@ pub fn schedule<'p>(
                     *ledgers[i].assigned.entry(r.clone()).or_default() += n;
                 }
                 placed.push((p, i));
+                nowhere.clear();
             }
-            None => left.push(p),
+            None => {
+                nowhere.insert(alike);
+                left.push(p);
+            }
         }
     }
     (left, placed)
@@ -237,7 +250,7 @@ mod tests {
         let mut pod = super::super::pods::fixture("a", "p", Resource::Mig("3g.40gb".parse().unwrap()), 1, 0);
         pod.standing = Standing::Bound { node: "n".into() };
         let model = crate::mig::catalog::lookup("A100-SXM4-80GB").unwrap();
-        let (l, gpus) = ledger(&node, model, &[pod], None);
+        let (l, gpus) = ledger(&node, model, &[&pod], None);
         assert_eq!(l.free(&Resource::Mig("3g.40gb".parse().unwrap())), 1);
         assert!(gpus[0].instances.iter().all(|i| i.busy));
         assert_eq!(l.pods, vec!["a/p"]);

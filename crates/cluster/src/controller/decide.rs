@@ -445,6 +445,13 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     let mut dedicated: Vec<bool> = Vec::new();
     let mut usable: Vec<bool> = Vec::new();
     let mut busy_nodes = 0usize;
+    // The pods bound to each node, indexed once (not searched again for every node).
+    let mut on_node: std::collections::HashMap<&str, Vec<&GpuPod>> = std::collections::HashMap::new();
+    for p in world.pods {
+        if let Some(n) = p.node() {
+            on_node.entry(n).or_default().push(p);
+        }
+    }
     for node in world.nodes {
         let model = match node.model() {
             Ok(Some(m)) => crate::mig::catalog::lookup(m),
@@ -458,7 +465,8 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             out.held.push((node.name.clone(), "its GPU model is not in the catalog".into()));
             continue;
         };
-        let (l, gpus) = ledger(node, model, world.pods, world.config);
+        let here = on_node.get(node.name.as_str()).map_or(&[][..], Vec::as_slice);
+        let (l, gpus) = ledger(node, model, here, world.config);
         let current = layout_specs(node, model, world.config)
             .filter(|s| s.len() == node.gpus.len() && node.phase() == Phase::Settled)
             .unwrap_or_else(|| node.gpus.iter().map(observed_spec).collect());
@@ -551,11 +559,22 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     }
     let mut taken: BTreeSet<usize> = BTreeSet::new();
     let mut cache: BTreeMap<String, Vec<GpuOption>> = BTreeMap::new();
+    // When no waiting pod names nodes, nodes alike score alike: the first stands for the rest.
+    let names_nodes = |p: &&GpuPod| {
+        let c = &p.constraints;
+        !c.node_selector.is_empty() || !c.required_terms.is_empty() || !c.terms.is_empty()
+    };
+    let plain = !unmet.iter().chain(&competitors).any(names_nodes) && bound.no_anti() && !waiting_anti;
     while budget > 0 && !unmet.is_empty() {
         let shared: Vec<&GpuPod> = unmet.iter().copied().filter(|p| !p.is_tensor_parallel()).collect();
         let mut best: Option<(Score, usize, Decision)> = None;
+        let mut judged: std::collections::HashSet<String> = std::collections::HashSet::new();
         for &i in changeable.iter().filter(|i| !taken.contains(i)) {
             let c = &cands[i];
+            // A node alike one judged before it scores as that one did, and ties keep the first.
+            if plain && !judged.insert(alike(c, pools)) {
+                continue;
+            }
             // Only pods that could land here apart from their GPUs count for this node.
             let lands_here = |p: &&GpuPod| lands(p, c.node, &placed, pools);
             let shared: Vec<&GpuPod> = shared.iter().copied().filter(lands_here).collect();
@@ -798,6 +817,9 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         out.not_served.push(NotServed { key: p.key.clone(), reason, kind: "reserved" });
     }
     let fenced_note = fenced_words(&cands);
+    // Pods alike (the same request, constraints, namespace and scheduler message) get the same
+    // reason: each kind is explained once a batch.
+    let mut explained: std::collections::HashMap<String, (&'static str, String)> = std::collections::HashMap::new();
     for p in unmet {
         let (kind, reason) = match reserved_for.get(&p.key) {
             Some(&i) => (
@@ -809,7 +831,16 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                     cands[i].ledger.pods.len()
                 ),
             ),
-            None => why_not(p, &cands, &changeable, &taken, reconfiguring, &placed, opts),
+            None => {
+                let alike = format!(
+                    "{:?}|{}|{:?}|{}|{}|{:?}|{:?}",
+                    p.resource, p.count, p.also, p.dedicated, p.namespace, p.scheduler_message, p.constraints
+                );
+                explained
+                    .entry(alike)
+                    .or_insert_with(|| why_not(p, &cands, &changeable, &taken, reconfiguring, &placed, opts))
+                    .clone()
+            }
         };
         let reason = format!("{reason}{fenced_note}");
         out.not_served.push(NotServed { key: p.key.clone(), reason, kind });
@@ -918,6 +949,27 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools
         change: format!("dedicated: {} whole GPUs, {destroyed} idle instance(s) torn down", healthy().count()),
         room: None,
     })
+}
+
+/// What decides a node's scores in a batch where no waiting pod names nodes (no node selector,
+/// required node terms or inter-pod terms, and no bound pod with anti-affinity): its model, GPUs,
+/// current layout, ledger, pool, reservation, taints and room. Nodes that share it score alike.
+fn alike(c: &Candidate, pools: &Pools) -> String {
+    let l = &c.ledger;
+    format!(
+        "{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{:?}|{:?}",
+        c.model.id,
+        c.gpus,
+        c.current,
+        l.offered,
+        l.held,
+        l.assigned,
+        l.pods.is_empty(),
+        c.node.is_dedicated(pools),
+        is_reserved(c, pools),
+        c.node.taints,
+        c.node.room
+    )
 }
 
 /// `; unhealthy GPUs offer nothing: node-a GPU 1 (XID 79)` when candidates have unhealthy GPUs.
@@ -1030,16 +1082,18 @@ fn why_not(
         );
     }
     if let Resource::Mig(m) = &p.resource {
-        let models: Vec<&Model> = cands.iter().map(|c| c.model).collect();
-        if !models.iter().any(|md| md.profile_table().profiles.iter().any(|x| &x.name == m)) {
+        // Instances of the profile one GPU of each model holds (each model's table built once).
+        let mut per_model: BTreeMap<&str, u32> = BTreeMap::new();
+        for c in cands {
+            per_model.entry(c.model.id).or_insert_with(|| {
+                c.model.profile_table().profiles.iter().find(|x| &x.name == m).map_or(0, |x| x.instance_count)
+            });
+        }
+        if per_model.values().all(|n| *n == 0) {
             return ("no-profile", format!("needs {need}; no GPU model in the cluster has that MIG profile"));
         }
         // A pod's devices come from one node: the most instances of the profile any node holds.
-        let per_node = |c: &Candidate| -> u32 {
-            let per_gpu =
-                c.model.profile_table().profiles.iter().find(|x| &x.name == m).map_or(0, |x| x.instance_count);
-            per_gpu * c.gpus.len() as u32
-        };
+        let per_node = |c: &Candidate| -> u32 { per_model.get(c.model.id).copied().unwrap_or(0) * c.gpus.len() as u32 };
         let most = cands.iter().map(per_node).max().unwrap_or(0);
         if p.count > most {
             return (

@@ -779,3 +779,22 @@ fn a_faulty_mig_device_offers_nothing_and_is_never_torn_down() {
     assert_eq!((d.destroyed, d.change.as_str()), (1, "GPU 0: +1 1g.10gb -1 3g.40gb"), "{out:#?}");
     assert!(matches!(&d.specs[0], GpuSpec::Mig(m) if m.contains(&("3g.40gb".to_string(), 1))));
 }
+
+#[test]
+fn among_nodes_alike_the_first_is_changed_and_one_that_differs_is_judged_on_its_own() {
+    // 40 nodes alike: judged once each batch, the first of them stands for the rest.
+    let mut nodes: Vec<GpuNode> = (0..40).map(|i| node(&format!("gpu-{i:02}"), &["3g.40gb@0,3g.40gb@4"])).collect();
+    let pods: Vec<GpuPod> = (0..10).map(|i| pod(&format!("s-{i}"), mig("1g.10gb"), 1, i)).collect();
+    let out = run(&nodes, &pods, &Options::default());
+    let changed: Vec<&str> = out.decisions.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(changed, ["gpu-00", "gpu-01"], "{out:#?}");
+    // A node that differs (already at 7 × 1g.10gb, first in name order) is not alike the rest:
+    // the scheduler places seven pods there, and the others still get two alike nodes changed.
+    nodes.push(node("gpu-!", &["1g.10gb@0,1g.10gb@1,1g.10gb@2,1g.10gb@3,1g.10gb@4,1g.10gb@5,1g.10gb@6"]));
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let pods: Vec<GpuPod> = (0..20).map(|i| pod(&format!("s-{i}"), mig("1g.10gb"), 1, i)).collect();
+    let out = run(&nodes, &pods, &Options::default());
+    let changed: Vec<&str> = out.decisions.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(changed, ["gpu-00", "gpu-01"], "{out:#?}");
+    assert_eq!(out.placeable, 7, "{out:#?}");
+}

@@ -28,7 +28,8 @@ fn pod(name: &str, profile: &str, on: Option<&str>, movable: bool) -> GpuPod {
 
 fn room(nodes: &[GpuNode], pods: &[GpuPod], waiting: &GpuPod) -> Option<GpuRoom> {
     let model = crate::mig::catalog::lookup(A100).unwrap();
-    let ledgers: Vec<NodeLedger> = nodes.iter().map(|n| ledger(n, model, pods, None).0).collect();
+    let all: Vec<&GpuPod> = pods.iter().collect();
+    let ledgers: Vec<NodeLedger> = nodes.iter().map(|n| ledger(n, model, &all, None).0).collect();
     let hosts: Vec<Host> =
         nodes.iter().zip(&ledgers).map(|(node, ledger)| Host { node, ledger, takes_replacements: true }).collect();
     let rules = MoveRules { min_age_secs: 0, ..MoveRules::default() };
