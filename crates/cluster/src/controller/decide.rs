@@ -569,6 +569,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         let shared: Vec<&GpuPod> = unmet.iter().copied().filter(|p| !p.is_tensor_parallel()).collect();
         let mut best: Option<(Score, usize, Decision)> = None;
         let mut judged: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut repartitions: std::collections::HashSet<String> = std::collections::HashSet::new();
         for &i in changeable.iter().filter(|i| !taken.contains(i)) {
             let c = &cands[i];
             // A node alike one judged before it scores as that one did, and ties keep the first.
@@ -588,6 +589,27 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                 }
             }
             if c.node.is_dedicated(pools) || shared.is_empty() {
+                continue;
+            }
+            // Nodes that differ only in what decides where pods land (labels, taints, room) but
+            // hold the same GPUs and see the same pods land repartition alike: judged once.
+            let landing = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                shared.iter().chain(&rivals).for_each(|p| p.key.hash(&mut h));
+                let l = &c.ledger;
+                format!(
+                    "{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:x}",
+                    c.model.id,
+                    c.gpus,
+                    c.current,
+                    l.offered,
+                    l.held,
+                    l.assigned,
+                    h.finish()
+                )
+            };
+            if !repartitions.insert(landing) {
                 continue;
             }
             let node_opts: Vec<Vec<GpuOption>> = c
