@@ -597,17 +597,7 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
                 use std::hash::{Hash, Hasher};
                 let mut h = std::collections::hash_map::DefaultHasher::new();
                 shared.iter().chain(&rivals).for_each(|p| p.key.hash(&mut h));
-                let l = &c.ledger;
-                format!(
-                    "{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:x}",
-                    c.model.id,
-                    c.gpus,
-                    c.current,
-                    l.offered,
-                    l.held,
-                    l.assigned,
-                    h.finish()
-                )
+                format!("{}|{:x}", gpu_state(c), h.finish())
             };
             if !repartitions.insert(landing) {
                 continue;
@@ -977,21 +967,22 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools
 /// required node terms or inter-pod terms, and no bound pod with anti-affinity): its model, GPUs,
 /// current layout, ledger, pool, reservation, taints and room. Nodes that share it score alike.
 fn alike(c: &Candidate, pools: &Pools) -> String {
-    let l = &c.ledger;
     format!(
-        "{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{}|{:?}|{:?}",
-        c.model.id,
-        c.gpus,
-        c.current,
-        l.offered,
-        l.held,
-        l.assigned,
-        l.pods.is_empty(),
+        "{}|{}|{}|{}|{:?}|{:?}",
+        gpu_state(c),
+        c.ledger.pods.is_empty(),
         c.node.is_dedicated(pools),
         is_reserved(c, pools),
         c.node.taints,
         c.node.room
     )
+}
+
+/// What a node's repartition depends on besides the pods that can land there: its model, GPUs,
+/// current layout and ledger.
+fn gpu_state(c: &Candidate) -> String {
+    let l = &c.ledger;
+    format!("{}|{:?}|{:?}|{:?}|{:?}|{:?}", c.model.id, c.gpus, c.current, l.offered, l.held, l.assigned)
 }
 
 /// `; unhealthy GPUs offer nothing: node-a GPU 1 (XID 79)` when candidates have unhealthy GPUs.
