@@ -49,19 +49,9 @@ fn quoted(s: &str) -> String {
 
 /// `unix_secs` as RFC 3339 in UTC (`2026-12-07T14:10:00Z`), as Go formats a UTC time.
 fn rfc3339(unix_secs: i64) -> String {
-    let days = unix_secs.div_euclid(86_400);
-    let secs = unix_secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+    k8s_openapi::jiff::Timestamp::from_second(unix_secs)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| unix_secs.to_string())
 }
 
 #[cfg(test)]
