@@ -550,3 +550,54 @@ fn an_unhealthy_gpu_is_not_recut_and_the_waiting_pod_is_told_until_the_operator_
     });
     rig.wait("the pod is served once the GPU is back", 60, |r| r.pod("serving", "small-0").0 == "Running");
 }
+
+/// Nodes running the DRA plugin (labelled `gpupart.io/dra=true`, or carrying the plugin's
+/// `gpupart.io/dra-driver` annotation) make their devices per claim: the controller never sets a
+/// layout there, says once why, and serves the waiting pods on the other node.
+#[test]
+fn nodes_running_the_dra_plugin_are_never_repartitioned() {
+    use serde_json::json;
+    use support::controller_rig::{agent_annotations, CONFIG, STATE};
+    let api = std::sync::Arc::new(support::apiserver::ApiServer::empty());
+    api.put(
+        "configmaps",
+        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
+    );
+    let node = |name: &str, label: Option<(&str, &str)>, annotation: Option<(&str, &str)>| {
+        let mut labels = json!({LAYOUT: "all-3g.40gb", STATE: "success"});
+        let mut annotations = agent_annotations();
+        if let Some((k, v)) = label {
+            labels[k] = json!(v);
+        }
+        if let Some((k, v)) = annotation {
+            annotations[k] = json!(v);
+        }
+        json!({"metadata": {"name": name, "labels": labels, "annotations": annotations}, "spec": {}})
+    };
+    api.put("nodes", node("gpu-a-dra-label", Some(("gpupart.io/dra", "true")), None));
+    api.put("nodes", node("gpu-b-dra-plugin", None, Some(("gpupart.io/dra-driver", "gpu.gpupart.io"))));
+    api.put("nodes", node("gpu-c", None, None));
+    // More 4g.40gb pods than one node of 8 GPUs holds: a second node would change if it could.
+    for k in 0..10 {
+        let mut p = gpu_pod("serving", &format!("mid-{k}"), "nvidia.com/mig-4g.40gb", 1, false);
+        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
+        api.put("pods", p);
+    }
+    let rig = Rig::bare(api.clone());
+    let _c = rig.controller_as("ctl", "ctl", &[]);
+    rig.wait("gpu-c changes", 60, |r| r.api.node_label("gpu-c", LAYOUT).as_deref() != Some("all-3g.40gb"));
+    let batches = |r: &Rig| value(&r.metrics("ctl"), "gpupart_controller_batches_total").unwrap_or(0.0);
+    let after = batches(&rig);
+    rig.wait("three more batches", 60, |r| batches(r) >= after + 3.0);
+    for n in ["gpu-a-dra-label", "gpu-b-dra-plugin"] {
+        assert_eq!(api.node_label(n, LAYOUT).as_deref(), Some("all-3g.40gb"), "{n} was repartitioned");
+        let writes: Vec<(String, String)> =
+            api.requests_by("ctl").into_iter().filter(|(m, p)| m != "GET" && p.contains(n)).collect();
+        assert!(writes.is_empty(), "{n} written: {writes:?}");
+    }
+    let log = rig.log("ctl");
+    assert_eq!(log.matches("leaving node gpu-a-dra-label alone").count(), 1, "{log}");
+    assert!(log.contains("labelled gpupart.io/dra=true"), "{log}");
+    assert_eq!(log.matches("leaving node gpu-b-dra-plugin alone").count(), 1, "{log}");
+    assert!(log.contains("its DRA plugin (driver gpu.gpupart.io) publishes its devices"), "{log}");
+}

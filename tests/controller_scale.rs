@@ -10,7 +10,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::apiserver::ApiServer;
-use support::controller_rig::{Rig, CONFIG, LAYOUT, LAYOUTS, STATE};
+use support::controller_rig::{agent_annotations, Rig, CONFIG, LAYOUT, LAYOUTS, STATE};
 use support::scheduler::gpu_pod;
 
 /// Nodes and pods of the run: enough that deciding and writing take longer than the Lease.
@@ -18,21 +18,6 @@ const NODES: usize = 1000;
 const PODS: usize = 500;
 /// `--events-per-batch` of the run.
 const CAP: u64 = 50;
-
-/// What an agent publishes for 8 idle A100-80GB at `all-3g.40gb`.
-fn agent_annotations() -> serde_json::Value {
-    let gpus: Vec<serde_json::Value> = (0..8)
-        .map(|i| {
-            json!({"i": i, "uuid": format!("GPU-{i}"), "model": "A100-SXM4-80GB", "mode": "mig",
-                   "layout": ["3g.40gb@0", "3g.40gb@4"], "creatable": {}, "largest": "none", "frag": 0.0})
-        })
-        .collect();
-    json!({
-        "gpupart.io/gpus": serde_json::to_string(&gpus).unwrap(),
-        "gpupart.io/fragmentation": r#"{"ratio":0,"fragmentedGpus":0,"unallocatedGpus":0,"wholeFreeGpus":0,"workload":"uniform-base-profiles"}"#,
-        "gpupart.io/state-layout": "all-3g.40gb",
-    })
-}
 
 fn lease(api: &ApiServer) -> Option<(String, i64)> {
     let l = api.get("leases", LAYOUTS.0, "gpupart-controller")?;
@@ -106,4 +91,66 @@ fn two_replicas_keep_one_leader_while_a_large_batch_is_decided_and_written() {
         "{NODES} nodes, {PODS} pods: first node change after {:.1} s, {batches} batches, {events} Events, {dropped} dropped, 0 Lease transitions",
         first_change.as_secs_f64()
     );
+}
+
+/// Lease writes refused with `429 TooManyRequests` (API Priority and Fairness shedding the
+/// leader's flow) while the leader is busy posting Events: it stops writing once its renew
+/// deadline passes, and every write of its successor comes after its last one.
+#[test]
+fn a_leader_whose_lease_writes_are_refused_stops_writing_before_another_takes_over() {
+    let api = Arc::new(ApiServer::empty());
+    api.put(
+        "configmaps",
+        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
+    );
+    for k in 0..20 {
+        api.put(
+            "nodes",
+            json!({"metadata": {"name": format!("gpu-{k:04}"), "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
+                   "annotations": agent_annotations()}, "spec": {}}),
+        );
+    }
+    // More pods than the first changes serve: each left waiting gets a NotServed Event, posted one
+    // by one, so the leader is still writing when its Lease writes start being refused.
+    for k in 0..400 {
+        let mut p = gpu_pod("serving", &format!("small-{k:03}"), "nvidia.com/mig-1g.10gb", 1, false);
+        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
+        api.put("pods", p);
+    }
+    api.delay_writes(Duration::from_millis(20));
+    let rig = Rig::bare(api.clone());
+    let flags = ["--lease-duration", "3s", "--events-per-batch", "1000"];
+    let _a = rig.controller_as("replica-a", "replica-a", &flags);
+    rig.wait("replica-a posts Events", 60, |r| r.api.store().all("events").len() >= 20);
+    let _b = rig.controller_as("replica-b", "replica-b", &flags);
+    rig.wait("replica-b stands by", 30, |r| r.log("replica-b").contains("standing by"));
+    let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{}/leases", LAYOUTS.0);
+    let from = api.store().identities.len();
+    api.throttle("replica-a", &leases);
+    rig.wait("replica-b takes the Lease", 30, |r| lease(&r.api).is_some_and(|(h, _)| h == "replica-b"));
+    rig.wait("replica-b writes", 30, |r| {
+        r.api.store().identities[from..]
+            .iter()
+            .any(|i| i.is_write() && i.user.as_deref() == Some("replica-b") && !i.path.starts_with(&leases))
+    });
+    api.unthrottle();
+    let store = api.store();
+    let writes: Vec<(usize, &str, &str)> = store.identities[from..]
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.is_write() && !i.path.starts_with(&leases))
+        .map(|(k, i)| (k, i.user.as_deref().unwrap_or(""), i.path.as_str()))
+        .collect();
+    let first_b = writes.iter().find(|(_, u, _)| *u == "replica-b").map(|(k, _, _)| *k).expect("replica-b wrote");
+    let a_after: Vec<&(usize, &str, &str)> =
+        writes.iter().filter(|(k, u, _)| *u == "replica-a" && *k > first_b).collect();
+    assert!(a_after.is_empty(), "replica-a wrote after replica-b had started: {a_after:?}");
+    assert!(
+        writes.iter().any(|(_, u, _)| *u == "replica-a"),
+        "replica-a was still writing when its Lease writes were refused"
+    );
+    drop(store);
+    assert_eq!(lease(&api).map(|(_, t)| t), Some(1), "one transition");
+    let log = rig.log("replica-a");
+    assert!(log.contains("stopped leading: the Lease was not renewed within the renew deadline"), "{log}");
 }

@@ -613,6 +613,8 @@ fn the_node_summary_annotations_are_written_as_in_label_mode() {
         if a.get("gpupart.io/gpus").is_some_and(|g| g.contains("3g.40gb@"))
             && a.contains_key("gpupart.io/fragmentation")
         {
+            // And the mark that keeps the controller's layouts off this node.
+            assert_eq!(a.get("gpupart.io/dra-driver").map(String::as_str), Some(DRIVER), "{a:?}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "no summary annotations: {a:?}");

@@ -2,8 +2,9 @@
 //! returns at once; a task of its own posts them. Repeats of an Event still queued (same object
 //! and reason) fold into it with a count; a batch queues at most `per_batch` new Events; the queue
 //! holds at most [`CAPACITY`]. What does not fit is dropped and counted
-//! (`gpupart_controller_events_dropped_total`), and so is what is queued when this replica stops
-//! leading: a standby writes nothing.
+//! (`gpupart_controller_events_dropped_total`) once per object and reason, however many batches
+//! push it again before it is queued; so is what is queued when this replica stops leading: a
+//! standby writes nothing.
 
 use super::lease::Leadership;
 use super::metrics::ControllerMetrics;
@@ -42,6 +43,12 @@ impl Pending {
         }
     }
 
+    /// Object and reason: Events with the same one fold.
+    fn key(&self) -> EventKey {
+        let r = &self.regarding;
+        (r.kind.clone(), r.namespace.clone(), r.name.clone(), self.reason.clone())
+    }
+
     fn same(&self, other: &Pending) -> bool {
         self.reason == other.reason
             && self.regarding.namespace == other.regarding.namespace
@@ -49,6 +56,9 @@ impl Pending {
             && self.regarding.kind == other.regarding.kind
     }
 }
+
+/// An Event's object (kind, namespace, name) and reason.
+type EventKey = (Option<String>, Option<String>, Option<String>, String);
 
 /// What pushing did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,12 +83,28 @@ struct Queue {
     per_batch: usize,
     this_batch: usize,
     dropped: u64,
+    /// Object and reason of each Event dropped and not queued since (counted once).
+    lost: std::collections::HashSet<EventKey>,
+}
+
+/// The most dropped Events remembered as such; beyond, a repeat may be counted again.
+const LOST_REMEMBERED: usize = 100_000;
+
+impl Queue {
+    fn drop_one(&mut self, e: &Pending) {
+        if self.lost.len() >= LOST_REMEMBERED {
+            self.lost.clear();
+        }
+        if self.lost.insert(e.key()) {
+            self.dropped += 1;
+        }
+    }
 }
 
 impl EventQueue {
     /// A queue admitting at most `per_batch` new Events per batch.
     pub fn new(per_batch: usize) -> Self {
-        let q = Queue { items: VecDeque::new(), per_batch, this_batch: 0, dropped: 0 };
+        let q = Queue { items: VecDeque::new(), per_batch, this_batch: 0, dropped: 0, lost: Default::default() };
         Self { inner: Arc::new(Mutex::new(q)), wake: Arc::new(Notify::new()) }
     }
 
@@ -96,9 +122,10 @@ impl EventQueue {
             return Pushed::Folded;
         }
         if q.this_batch >= q.per_batch || q.items.len() >= CAPACITY {
-            q.dropped += 1;
+            q.drop_one(&e);
             return Pushed::Dropped;
         }
+        q.lost.remove(&e.key());
         q.this_batch += 1;
         q.items.push_back(Pending { count: e.count.max(1), ..e });
         drop(q);
@@ -114,10 +141,11 @@ impl EventQueue {
     /// Drops everything queued (this replica stopped leading); returns how many.
     pub fn clear(&self) -> usize {
         let mut q = self.lock();
-        let n = q.items.len();
-        q.items.clear();
-        q.dropped += n as u64;
-        n
+        let items: Vec<Pending> = q.items.drain(..).collect();
+        for e in &items {
+            q.drop_one(e);
+        }
+        items.len()
     }
 
     /// Events queued now.
@@ -130,7 +158,7 @@ impl EventQueue {
         self.len() == 0
     }
 
-    /// Events dropped so far.
+    /// Events dropped so far (each object and reason once until it is queued again).
     pub fn dropped(&self) -> u64 {
         self.lock().dropped
     }
@@ -196,14 +224,15 @@ mod tests {
         assert_eq!(q.push(ev("a", "Repartitioning", "x")), Pushed::Queued, "another reason is another Event");
         assert_eq!(q.push(ev("b", "NotServed", "no room")), Pushed::Queued);
         assert_eq!(q.push(ev("c", "NotServed", "no room")), Pushed::Dropped, "the batch's cap");
+        assert_eq!(q.push(ev("c", "NotServed", "no room")), Pushed::Dropped);
         assert_eq!(q.push(ev("b", "NotServed", "again")), Pushed::Folded, "a repeat still folds");
-        assert_eq!((q.len(), q.dropped()), (3, 1));
+        assert_eq!((q.len(), q.dropped()), (3, 1), "one Event lost, however often it is pushed");
         let first = q.pop().unwrap();
         assert_eq!((first.count, first.note_with_count().as_str()), (2, "still no room (x2)"));
         q.new_batch();
         assert_eq!(q.push(ev("c", "NotServed", "no room")), Pushed::Queued, "a new batch, a new cap");
         assert_eq!(q.clear(), 3);
-        assert_eq!((q.len(), q.dropped()), (0, 4));
+        assert_eq!((q.len(), q.dropped()), (0, 4), "c was queued since it was lost: lost again, counted again");
     }
 
     #[test]

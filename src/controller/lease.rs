@@ -49,7 +49,6 @@ pub struct Elector {
     namespace: String,
     identity: String,
     duration: Duration,
-    renewed: Option<Instant>,
     holder: Option<String>,
 }
 
@@ -62,15 +61,8 @@ impl Elector {
             namespace: namespace.into(),
             identity: identity.into(),
             duration,
-            renewed: None,
             holder: None,
         }
-    }
-
-    /// Whether this replica may act now: its last renewal is younger than the lease duration
-    /// (with a margin of a fifth, for clock and request time).
-    pub fn is_leader(&self) -> bool {
-        self.renewed.is_some_and(|t| t.elapsed() < self.duration.mul_f64(0.8))
     }
 
     /// Who holds the Lease, as last seen.
@@ -88,7 +80,6 @@ impl Elector {
         let result = match (&verdict, found) {
             (Verdict::HeldBy(h), _) => {
                 self.holder = Some(h.clone());
-                self.renewed = None;
                 return Ok(false);
             }
             (Verdict::Create, _) | (_, None) => {
@@ -124,17 +115,10 @@ impl Elector {
         };
         match result {
             Ok(()) => {
-                if !self.is_leader() {
-                    tracing::info!(lease = %format!("{}/{}", self.namespace, self.name), identity = %self.identity, "became the leader");
-                }
-                self.renewed = Some(Instant::now());
                 self.holder = Some(self.identity.clone());
                 Ok(true)
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                self.renewed = None;
-                Ok(false)
-            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -155,7 +139,6 @@ pub struct Leadership {
 struct Seen {
     renewed: Option<Instant>,
     holder: Option<String>,
-    transitions: u64,
 }
 
 impl Leadership {
@@ -179,7 +162,18 @@ impl Leadership {
                         "renewing the Lease took longer than its retry period"
                     ),
                 }
-                if shared.leads() != was {
+                let leads = shared.leads();
+                if leads != was {
+                    let lease = format!("{}/{}", elector.namespace, elector.name);
+                    if leads {
+                        tracing::info!(lease = %lease, identity = %elector.identity, "became the leader");
+                    } else {
+                        tracing::warn!(
+                            lease = %lease,
+                            deadline_ms = shared.deadline.as_millis() as u64,
+                            "stopped leading: the Lease was not renewed within the renew deadline; no more writes"
+                        );
+                    }
                     let _ = changed.try_send(());
                 }
                 tokio::time::sleep(retry.saturating_sub(started.elapsed())).await;
@@ -198,16 +192,8 @@ impl Leadership {
         self.lock().holder.clone()
     }
 
-    /// How many times this replica started leading.
-    pub fn transitions(&self) -> u64 {
-        self.lock().transitions
-    }
-
     fn renewed(&self, at: Instant, elector: &Elector) {
         let mut s = self.lock();
-        if s.renewed.is_none_or(|t| t.elapsed() >= self.deadline) {
-            s.transitions += 1;
-        }
         // The renewal counts from when it was asked: the request's time is not leadership.
         s.renewed = Some(at);
         s.holder = elector.holder().map(str::to_string);

@@ -129,7 +129,7 @@ impl ControllerMetrics {
         let events_dropped = Counter::default();
         r.register(
             "events_dropped",
-            "Events not posted: over the per-batch cap or the queue's capacity, or queued when the replica stopped leading",
+            "Events not posted: over the per-batch cap or the queue's capacity, or queued when the replica stopped leading (each object and reason once until it is queued)",
             events_dropped.clone(),
         );
         let batches = Counter::default();

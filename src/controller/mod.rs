@@ -7,7 +7,7 @@
 //! and the loop ([`run`]). The decisions are pure and live in `gpupart_cluster::controller`,
 //! re-exported below under their own names.
 
-pub use gpupart_cluster::controller::{capacity, decide, fit, gpu_options, layouts, nodes, patch, pods};
+pub use gpupart_cluster::controller::{capacity, decide, fit, gpu_options, layouts, memo, nodes, patch, pods};
 
 pub mod cluster;
 pub mod defrag;

@@ -3,7 +3,7 @@
 //! ConfigMap first, then one Node patch — with Events on the pods and nodes and a log line each.
 
 use super::cluster::{node_ref, pod_ref, Cluster, Layouts, WriteError};
-use super::decide::{decide, idle_clocks, Decision, Kind, Options, Outcome, World};
+use super::decide::{decide_with, idle_clocks, Decision, Kind, Options, Outcome, World};
 use super::events::Pushed;
 use super::layouts::Generated;
 use super::lease::{Elector, Leadership};
@@ -51,6 +51,11 @@ struct Memory {
     paused: bool,
     /// The defragmenter (`--defrag`).
     defrag: Option<super::defrag::Defrag>,
+    /// Nodes running the DRA plugin, told as left alone.
+    dra_nodes: BTreeSet<String>,
+    /// Each node's best change for what waits there, as last judged (unchanged nodes are not
+    /// judged again).
+    memo: super::memo::Memo,
 }
 
 async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
@@ -251,15 +256,24 @@ async fn one_batch(
     let started = std::time::Instant::now();
     // The decision is CPU work: the runtime's other tasks (the Lease's renewal, the Events,
     // the watches) move to another worker meanwhile.
-    let outcome = tokio::task::block_in_place(|| decide(&world, opts));
+    let outcome = tokio::task::block_in_place(|| decide_with(&world, opts, &mut memory.memo));
     tracing::debug!(
         ms = started.elapsed().as_millis() as u64,
         decisions = outcome.decisions.len(),
         unserved = outcome.not_served.len(),
         placeable = outcome.placeable,
+        remembered = memory.memo.hits(),
+        judged = memory.memo.misses(),
         "decided a batch"
     );
     for (node, why) in &outcome.held {
+        // A node running the DRA plugin is never the controller's to change: said once.
+        if why.starts_with(super::decide::DRA_HELD) {
+            if memory.dra_nodes.insert(node.clone()) {
+                tracing::info!("leaving node {node} alone: it {why}");
+            }
+            continue;
+        }
         tracing::debug!(node = %node, reason = %why, "left alone");
     }
     metrics.batch(&pending, outcome.not_served.len() + refused.len(), frag, now as f64);

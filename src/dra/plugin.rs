@@ -255,8 +255,13 @@ pub async fn publish_loop(
                                 gpupart_node::frag::count_mps_slots(f, clients, g.shares.min(clients));
                             }
                         }
-                        node.summaries
-                            .publish_summary(crate::kube::summary::summarize(&states, frags, false, &book, &foreign));
+                        let mut summary = crate::kube::summary::summarize(&states, frags, false, &book, &foreign);
+                        // Tells the controller (and anyone reading the node) that devices are
+                        // made per claim here, never by layout.
+                        summary
+                            .annotations
+                            .insert(crate::kube::keys::DRA_DRIVER_SUFFIX.into(), node.driver_name.clone());
+                        node.summaries.publish_summary(summary);
                         tracing::debug!(
                             devices = p.devices,
                             written = p.written,

@@ -114,6 +114,9 @@ pub struct Store {
     pub fail_next: VecDeque<u16>,
     /// Answer the next requests that match (method, path prefix) with this status code.
     pub fail: Vec<(String, String, u16)>,
+    /// Writes by (user, path prefix) answered `429 TooManyRequests` with `Retry-After: 1`, as
+    /// API Priority and Fairness rejects a flow whose queue is full, until lifted.
+    pub throttled: Vec<(String, String)>,
     /// Answer the next PATCHes by (field manager, path prefix) with 409 Conflict, as the API server
     /// does when the object changed since the writer read it.
     pub conflicts: Vec<(String, String)>,
@@ -427,12 +430,21 @@ async fn handle(
             path: path.clone(),
             user_agent: headers.get("user-agent").and_then(|v| v.to_str().ok()).map(str::to_string),
             field_manager: manager.clone(),
-            user,
+            user: user.clone(),
         });
         if !watch {
             if let Some(code) = s.fail_next.pop_front() {
                 return status(code, "InternalError", "injected failure");
             }
+        }
+        let throttled = s
+            .throttled
+            .iter()
+            .any(|(u, p)| method != Method::GET && user.as_ref() == Some(u) && path.starts_with(p.as_str()));
+        if throttled {
+            let mut r = status(429, "TooManyRequests", "Too many requests, please try again later.");
+            r.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+            return r;
         }
         if let Some(i) = s.fail.iter().position(|(m, p, _)| *m == method.as_str() && path.starts_with(p.as_str())) {
             let (_, _, code) = s.fail.remove(i);
@@ -747,6 +759,16 @@ impl ApiServer {
     /// Answers the next non-watch requests with these status codes.
     pub fn fail_next(&self, codes: impl IntoIterator<Item = u16>) {
         self.store().fail_next.extend(codes);
+    }
+
+    /// Answers `user`'s writes under `path` with `429 TooManyRequests` until [`Self::unthrottle`].
+    pub fn throttle(&self, user: &str, path: &str) {
+        self.store().throttled.push((user.into(), path.into()));
+    }
+
+    /// Answers every write again.
+    pub fn unthrottle(&self) {
+        self.store().throttled.clear();
     }
 
     /// Answers the next `n` watch requests with `410 Expired`.

@@ -330,3 +330,18 @@ fn spawn_agent(api: &ApiServer, node: &Node, name: &str) -> Proc {
     let mut child = node.command(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
     Proc(child.stdout(Stdio::null()).stderr(stderr).spawn().unwrap())
 }
+
+/// What an agent publishes for 8 idle A100-80GB at `all-3g.40gb` (for nodes without an agent).
+pub fn agent_annotations() -> serde_json::Value {
+    let gpus: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            json!({"i": i, "uuid": format!("GPU-{i}"), "model": "A100-SXM4-80GB", "mode": "mig",
+                   "layout": ["3g.40gb@0", "3g.40gb@4"], "creatable": {}, "largest": "none", "frag": 0.0})
+        })
+        .collect();
+    json!({
+        "gpupart.io/gpus": serde_json::to_string(&gpus).unwrap(),
+        "gpupart.io/fragmentation": r#"{"ratio":0,"fragmentedGpus":0,"unallocatedGpus":0,"wholeFreeGpus":0,"workload":"uniform-base-profiles"}"#,
+        "gpupart.io/state-layout": "all-3g.40gb",
+    })
+}

@@ -16,6 +16,13 @@ pub const FORCE: &str = "gpupart.io/force-reconfigure";
 /// Annotation an operator sets to bring unhealthy GPUs back (`1,3` or `all`); the agent removes
 /// it once read.
 pub const RECOVER_GPUS: &str = "gpupart.io/recover-gpus";
+/// Label an operator sets to `"true"` on the nodes that run `gpupart agent --dra`.
+pub const DRA_LABEL: &str = "gpupart.io/dra";
+/// Annotation (after the summary prefix, `gpupart.io/` by default) in which `gpupart agent --dra`
+/// names its driver: devices are made per claim on that node, never by layout.
+pub const DRA_DRIVER_SUFFIX: &str = "dra-driver";
+/// [`DRA_DRIVER_SUFFIX`] under the default prefix, as the controller reads it.
+pub const DRA_DRIVER: &str = "gpupart.io/dra-driver";
 /// Field manager of every agent write.
 pub const FIELD_MANAGER: &str = "gpupart";
 /// Annotation listing the GPU-client labels this agent paused (so a restarted agent restores them).

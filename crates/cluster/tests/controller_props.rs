@@ -6,8 +6,9 @@
 //! the pods it names fit what the change offers. With several slots, decisions touch distinct
 //! nodes, name each pod once, and unblock at least as many pods as the best single change.
 
-use gpupart_cluster::controller::decide::{decide, Options, Outcome, World};
+use gpupart_cluster::controller::decide::{decide, decide_with as decide_remembering, Options, Outcome, World};
 use gpupart_cluster::controller::gpu_options::{observed_spec, options, Counts, GpuOption};
+use gpupart_cluster::controller::memo::Memo;
 use gpupart_cluster::controller::nodes::GpuNode;
 use gpupart_cluster::controller::pods::{GpuPod, Resource, Standing};
 use gpupart_node::mig::capacity::Occupancy;
@@ -179,10 +180,30 @@ fn gpu_strategy() -> impl Strategy<Value = GpuPicks> {
 type ClusterSpec = (Vec<(usize, Vec<GpuPicks>)>, Vec<(usize, bool, u32)>);
 
 fn cluster_strategy() -> impl Strategy<Value = ClusterSpec> {
+    cluster_with_pods(1..7)
+}
+
+fn cluster_with_pods(pods: std::ops::Range<usize>) -> impl Strategy<Value = ClusterSpec> {
     (
         proptest::collection::vec((0usize..2, proptest::collection::vec(gpu_strategy(), 1..3)), 1..4),
-        proptest::collection::vec((0usize..WANTED.len(), proptest::bool::weighted(0.15), 1u32..3), 1..7),
+        proptest::collection::vec((0usize..WANTED.len(), proptest::bool::weighted(0.15), 1u32..3), pods),
     )
+}
+
+/// What a user sees of an outcome: each change (node, kind, specs, pods, costs) and each reason.
+fn seen(out: &Outcome) -> String {
+    let d: Vec<String> = out
+        .decisions
+        .iter()
+        .map(|d| {
+            format!(
+                "{} {:?} {:?} {:?} -{} +{} {:.3} {}",
+                d.node, d.kind, d.specs, d.pods, d.destroyed, d.created, d.frag, d.change
+            )
+        })
+        .collect();
+    let n: Vec<String> = out.not_served.iter().map(|n| format!("{} {} {}", n.key, n.kind, n.reason)).collect();
+    format!("{d:#?}\n{n:#?}\nplaceable {}", out.placeable)
 }
 
 fn build(spec: &ClusterSpec) -> (Vec<GpuNode>, Vec<GpuPod>) {
@@ -245,6 +266,32 @@ proptest! {
                 }
             }
             (d, b) => prop_assert!(false, "decision {:?}, oracle {:?}", d, b),
+        }
+    }
+
+    /// More pods wait than a node can serve (its queue is cut at what it could ever offer): the
+    /// decision is still the oracle's.
+    #[test]
+    fn many_waiting_pods_still_get_the_best_single_node_change(spec in cluster_with_pods(10..40)) {
+        let (nodes, pods) = build(&spec);
+        let out = decide_with(&nodes, &pods, 1);
+        let (unmet, best) = oracle(&nodes, &pods);
+        prop_assert_eq!(out.placeable, pods.len() - unmet.len());
+        let got = out.decisions.first().map(|d| (d.pods.len(), -i64::from(d.destroyed), -i64::from(d.created), -(d.frag * 1000.0).round() as i64));
+        prop_assert_eq!(got, best, "decisions {:?}", out.decisions);
+    }
+
+    /// A memory carried from batch to batch (other clusters between, then the same one again)
+    /// decides exactly as no memory does.
+    #[test]
+    fn remembering_earlier_batches_changes_no_decision(a in cluster_strategy(), b in cluster_with_pods(1..20), slots in 1usize..3) {
+        let idle = BTreeMap::new();
+        let opts = Options { max_concurrent_nodes: slots, cooldown_secs: 0, ..Options::default() };
+        let mut memo = Memo::new();
+        for spec in [&a, &b, &a, &a, &b] {
+            let (nodes, pods) = build(spec);
+            let world = World { nodes: &nodes, pods: &pods, config: None, now: 100, idle_since: &idle };
+            prop_assert_eq!(seen(&decide_remembering(&world, &opts, &mut memo)), seen(&decide(&world, &opts)));
         }
     }
 

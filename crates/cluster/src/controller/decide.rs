@@ -6,6 +6,7 @@
 use super::affinity::{Placed, Placements};
 use super::capacity::{layout_specs, ledger, schedule, served_in_order, NodeLedger};
 use super::gpu_options::{observed_spec, options, Counts, GpuOption};
+use super::memo::Memo;
 use super::nodes::{GpuNode, Phase, RECLAIM_LAYOUT};
 use super::pods::{GpuPod, NotServed, Resource};
 use crate::config::ConfigFile;
@@ -229,7 +230,17 @@ impl<'p> Waiting<'p> {
     /// The pods to serve, and the rivals the controller does not serve: a rival competes for each
     /// of its resources wherever its other ones are free (`free(r, units)`), since only then can
     /// the scheduler bind it there.
-    fn new(unmet: &[&'p GpuPod], rivals: &[&'p GpuPod], free: impl Fn(&Resource, u32) -> bool) -> Self {
+    ///
+    /// `most(r)` is the most units of `r` the node could offer: a pod asking more is never served
+    /// there, and once `most(r)` pods of one unit are queued no later pod can be (each of them is
+    /// served while a unit is left), so the queue stops there and nodes with more pods waiting
+    /// than they can serve see the same queue.
+    fn new(
+        unmet: &[&'p GpuPod],
+        rivals: &[&'p GpuPod],
+        free: impl Fn(&Resource, u32) -> bool,
+        most: impl Fn(&Resource) -> u32,
+    ) -> Self {
         let mut by_resource: BTreeMap<&Resource, Queue<'p>> = BTreeMap::new();
         for p in unmet {
             by_resource.entry(&p.resource).or_default().0.push((p, p.count));
@@ -241,8 +252,14 @@ impl<'p> Waiting<'p> {
                 }
             }
         }
-        for (pods, totals) in by_resource.values_mut() {
+        for (r, (pods, totals)) in by_resource.iter_mut() {
             pods.sort_by_key(|(p, _)| p.queue_order());
+            let most = most(r);
+            pods.retain(|(_, n)| *n <= most);
+            if let Some(cut) = pods.iter().enumerate().filter(|(_, (_, n))| *n == 1).nth(most as usize).map(|(k, _)| k)
+            {
+                pods.truncate(cut);
+            }
             let mut sum = 0;
             *totals = pods
                 .iter()
@@ -269,6 +286,27 @@ impl<'p> Waiting<'p> {
         (ours.into_iter().map(|(p, _)| p).collect(), units)
     }
 
+    /// What the queue looks like to a node's choice: per resource, runs of (units, ours) in order
+    /// (which pods they are does not change the choice, only whom it serves).
+    fn shape(&self) -> String {
+        let mut out = String::new();
+        for (r, (pods, _)) in &self.by_resource {
+            out.push_str(&format!("{r:?}:"));
+            let mut runs: Vec<((u32, bool), usize)> = Vec::new();
+            for (p, n) in pods {
+                let k = (*n, p.unserved.is_none());
+                match runs.last_mut() {
+                    Some((last, count)) if *last == k => *count += 1,
+                    _ => runs.push((k, 1)),
+                }
+            }
+            for ((n, ours), count) in runs {
+                out.push_str(&format!("{count}x{n}{};", if ours { "" } else { "r" }));
+            }
+        }
+        out
+    }
+
     /// How many pods of `r` `free` new units serve, and the units they use.
     fn fitting(&self, r: &Resource, free: u32) -> (usize, u32) {
         let (pods, units) = self.served(r, free);
@@ -277,7 +315,7 @@ impl<'p> Waiting<'p> {
 }
 
 /// What the picks (one option per GPU) offer together.
-fn offered(opts: &[Vec<GpuOption>], picks: &[usize]) -> Counts {
+fn offered(opts: &[NodeOpts], picks: &[usize]) -> Counts {
     let mut offered = Counts::new();
     for (g, &k) in picks.iter().enumerate() {
         super::capacity::add(&mut offered, &opts[g][k].offers);
@@ -287,7 +325,7 @@ fn offered(opts: &[Vec<GpuOption>], picks: &[usize]) -> Counts {
 
 /// Evaluates picks (one option per GPU) on a node: the score and the units that go to waiting
 /// pods (the greedy's guide); `None` when a pod there would lose its units.
-fn evaluate(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &Waiting) -> Option<(Score, u32)> {
+fn evaluate(c: &Candidate, opts: &[NodeOpts], picks: &[usize], waiting: &Waiting) -> Option<(Score, u32)> {
     let offered = offered(opts, picks);
     let (mut destroyed, mut created, mut frag) = (0i64, 0i64, 0.0f64);
     for (g, &k) in picks.iter().enumerate() {
@@ -310,7 +348,7 @@ fn evaluate(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &W
 }
 
 /// The pods the picks unblock, in the scheduler's order.
-fn unblocked_pods(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiting: &Waiting) -> Vec<String> {
+fn unblocked_pods(c: &Candidate, opts: &[NodeOpts], picks: &[usize], waiting: &Waiting) -> Vec<String> {
     let mut out = Vec::new();
     for (r, have) in &offered(opts, picks) {
         let (pods, _) = waiting.served(r, have.saturating_sub(c.ledger.taken(r)));
@@ -325,7 +363,7 @@ fn unblocked_pods(c: &Candidate, opts: &[Vec<GpuOption>], picks: &[usize], waiti
 /// then least fragmentation, then fewest GPUs changed). The score depends only on the final state
 /// and the costs add up, so this is the best over every combination. `None` when the states
 /// outgrow [`STATES`] (then the greedy decides).
-fn exact(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Option<Vec<usize>>> {
+fn exact(c: &Candidate, opts: &[NodeOpts], waiting: &Waiting) -> Option<Option<Vec<usize>>> {
     let need = |r: &Resource| c.ledger.taken(r);
     let keys: BTreeSet<&Resource> =
         c.ledger.held.keys().chain(c.ledger.assigned.keys()).chain(waiting.by_resource.keys().copied()).collect();
@@ -378,22 +416,29 @@ fn exact(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Op
     Some(best.map(|b| b.2))
 }
 
+/// One GPU's options, shared with the memory of batches.
+type NodeOpts = std::sync::Arc<Vec<GpuOption>>;
+
 /// A partial choice's cost: destroyed, created, fragmentation, GPUs changed.
 type Cost = (i64, i64, f64, usize);
 
 /// The best change of one node for the waiting pods: exact ([`exact`]) unless its states
 /// outgrow the bound; then GPU by GPU the option that helps most (units toward waiting pods break
 /// ties toward pods that need several GPUs), then every change that no longer helps undone.
-fn best_on_node(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Choice> {
-    let picks = match exact(c, opts, waiting) {
-        Some(best) => best?,
-        None => greedy(c, opts, waiting)?,
-    };
+fn best_on_node(c: &Candidate, opts: &[NodeOpts], waiting: &Waiting) -> Option<Vec<usize>> {
+    match exact(c, opts, waiting) {
+        Some(best) => best,
+        None => greedy(c, opts, waiting),
+    }
+}
+
+/// The choice `picks` make on the node: `None` unless they unblock a pod.
+fn choice(c: &Candidate, opts: &[NodeOpts], picks: Vec<usize>, waiting: &Waiting) -> Option<Choice> {
     let (score, _) = evaluate(c, opts, &picks, waiting)?;
     (score.0 > 0).then(|| Choice { pods: unblocked_pods(c, opts, &picks, waiting), picks, score })
 }
 
-fn greedy(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<Vec<usize>> {
+fn greedy(c: &Candidate, opts: &[NodeOpts], waiting: &Waiting) -> Option<Vec<usize>> {
     let mut picks = vec![0usize; opts.len()];
     let guide = |s: Score, useful: u32| (s.0, useful, s.1, s.2, s.3);
     let (s, u) = evaluate(c, opts, &picks, waiting)?;
@@ -426,7 +471,7 @@ fn greedy(c: &Candidate, opts: &[Vec<GpuOption>], waiting: &Waiting) -> Option<V
     Some(picks)
 }
 
-fn change_words(opts: &[Vec<GpuOption>], picks: &[usize], gpus: &[CurrentGpu]) -> String {
+fn change_words(opts: &[NodeOpts], picks: &[usize], gpus: &[CurrentGpu]) -> String {
     let parts: Vec<String> = picks
         .iter()
         .enumerate()
@@ -436,8 +481,24 @@ fn change_words(opts: &[Vec<GpuOption>], picks: &[usize], gpus: &[CurrentGpu]) -
     parts.join("; ")
 }
 
-/// Decides one batch.
+/// How a node running the DRA plugin is held (its devices are made per claim, not by layout).
+pub const DRA_HELD: &str = "runs the DRA plugin, devices are made per claim there";
+
+/// Decides one batch, remembering nothing.
 pub fn decide(world: &World, opts: &Options) -> Outcome {
+    decide_with(world, opts, &mut Memo::new())
+}
+
+/// Decides one batch with the memory of the batches before ([`Memo`]): nodes and waiting pods
+/// unchanged since are not judged again. The outcome is the one [`decide`] gives.
+pub fn decide_with(world: &World, opts: &Options, memo: &mut Memo) -> Outcome {
+    memo.begin();
+    let out = decide_batch(world, opts, memo);
+    memo.end();
+    out
+}
+
+fn decide_batch(world: &World, opts: &Options, memo: &mut Memo) -> Outcome {
     let pools = &opts.pools;
     let mut out = Outcome::default();
     let mut cands: Vec<Candidate> = Vec::new();
@@ -540,7 +601,9 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
     let mut changeable: Vec<usize> = Vec::new();
     for (i, c) in cands.iter().enumerate() {
         let room = rooms.values().find(|(j, _)| *j == i).map(|(_, n)| n);
+        let dra = c.node.dra_plugin();
         let why = match c.node.phase() {
+            _ if dra.is_some() => dra.map(|d| format!("{DRA_HELD}: {d}")),
             _ if room.is_some() => room.map(|n| format!("making room on GPU {} for {}", n.gpu, n.pod)),
             _ if unreadable_rooms.contains_key(&i) => unreadable_rooms.get(&i).cloned(),
             Phase::Reconfiguring(r) | Phase::Failed(r) => Some(r),
@@ -558,13 +621,28 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
         }
     }
     let mut taken: BTreeSet<usize> = BTreeSet::new();
-    let mut cache: BTreeMap<String, Vec<GpuOption>> = BTreeMap::new();
     // When no waiting pod names nodes, nodes alike score alike: the first stands for the rest.
     let names_nodes = |p: &&GpuPod| {
         let c = &p.constraints;
         !c.node_selector.is_empty() || !c.required_terms.is_empty() || !c.terms.is_empty()
     };
     let plain = !unmet.iter().chain(&competitors).any(names_nodes) && bound.no_anti() && !waiting_anti;
+    let mut profiles_of: std::collections::HashMap<&str, BTreeMap<crate::mig::ProfileName, u32>> =
+        std::collections::HashMap::new();
+    let mut states: Vec<Option<String>> = vec![None; cands.len()];
+    // The waiting pods by their constraints (what decides where a pod lands when no pod names
+    // nodes).
+    let classes: std::collections::HashMap<&str, usize> = {
+        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        unmet
+            .iter()
+            .chain(&competitors)
+            .map(|p| {
+                let n = seen.len();
+                (p.key.as_str(), *seen.entry(format!("{:?}", p.constraints)).or_insert(n))
+            })
+            .collect()
+    };
     while budget > 0 && !unmet.is_empty() {
         let shared: Vec<&GpuPod> = unmet.iter().copied().filter(|p| !p.is_tensor_parallel()).collect();
         let mut best: Option<(Score, usize, Decision)> = None;
@@ -576,12 +654,16 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             if plain && !judged.insert(alike(c, pools)) {
                 continue;
             }
-            // Only pods that could land here apart from their GPUs count for this node.
-            let lands_here = |p: &&GpuPod| lands(p, c.node, &placed, pools);
-            let shared: Vec<&GpuPod> = shared.iter().copied().filter(lands_here).collect();
-            let rivals: Vec<&GpuPod> = competitors.iter().copied().filter(lands_here).collect();
+            // Only pods that could land here apart from their GPUs count for this node. When no
+            // pod names nodes, pods with the same constraints land alike: judged once a node.
+            let mut verdicts: Vec<Option<bool>> = vec![None; classes.len()];
+            let mut lands_here = |p: &&GpuPod| match classes.get(p.key.as_str()).filter(|_| plain) {
+                Some(&k) => *verdicts[k].get_or_insert_with(|| lands(p, c.node, &placed, pools)),
+                None => lands(p, c.node, &placed, pools),
+            };
+            let shared: Vec<&GpuPod> = shared.iter().copied().filter(&mut lands_here).collect();
+            let rivals: Vec<&GpuPod> = competitors.iter().copied().filter(&mut lands_here).collect();
             let wanted: BTreeSet<Resource> = shared.iter().map(|p| p.resource.clone()).collect();
-            let waiting = Waiting::new(&shared, &rivals, |r, n| c.ledger.free(r) >= n);
             if let Some(d) = dedicate(c, &unmet, &placed, pools) {
                 let s: Score = (d.pods.len(), -i64::from(d.destroyed), 0, 0);
                 if best.as_ref().is_none_or(|(b, _, _)| s > *b) {
@@ -591,33 +673,52 @@ pub fn decide(world: &World, opts: &Options) -> Outcome {
             if c.node.is_dedicated(pools) || shared.is_empty() {
                 continue;
             }
-            // Nodes that differ only in what decides where pods land (labels, taints, room) but
-            // hold the same GPUs and see the same pods land repartition alike: judged once.
-            let landing = {
-                use std::hash::{Hash, Hasher};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                shared.iter().chain(&rivals).for_each(|p| p.key.hash(&mut h));
-                format!("{}|{:x}", gpu_state(c), h.finish())
-            };
-            if !repartitions.insert(landing) {
+            // A node whose model offers none of what waits (a MIG profile it lacks) is skipped.
+            let profiles = profiles_of.entry(c.model.id).or_insert_with(|| {
+                c.model.profile_table().profiles.into_iter().map(|x| (x.name, x.instance_count)).collect()
+            });
+            if !wanted.iter().any(|r| !matches!(r, Resource::Mig(m) if !profiles.contains_key(m))) {
                 continue;
             }
-            let node_opts: Vec<Vec<GpuOption>> = c
-                .gpus
-                .iter()
-                .zip(&c.current)
-                .map(|(g, cur)| {
-                    let key = format!("{}|{g:?}|{cur:?}|{wanted:?}", c.model.id);
-                    cache
-                        .entry(key)
-                        .or_insert_with(|| {
-                            options(c.model, g, cur.clone(), &wanted, opts.mps_replicas)
-                                .unwrap_or_else(|_| vec![keep(cur.clone())])
+            // The most units of each resource the node could offer, bounding its queue.
+            let gpus = c.gpus.len() as u32;
+            let most = |r: &Resource| -> u32 {
+                match r {
+                    Resource::Mig(m) => gpus * profiles.get(m).copied().unwrap_or(0),
+                    Resource::Gpu => gpus,
+                    Resource::Mps => u32::MAX,
+                }
+            };
+            let waiting = Waiting::new(&shared, &rivals, |r, n| c.ledger.free(r) >= n, most);
+            // Nodes that hold the same GPUs, layout and ledger and see the same queue (whoever is
+            // in it) repartition alike: within a batch the first stands for the rest (ties keep
+            // it), and across batches the judgement is remembered.
+            let state = states[i].get_or_insert_with(|| gpu_state(c));
+            let key = format!("{state}|{}", waiting.shape());
+            if !repartitions.insert(key.clone()) {
+                continue;
+            }
+            let (node_opts, picks) = match memo.recall(&key) {
+                Some(judged) => judged,
+                None => {
+                    let node_opts: Vec<NodeOpts> = c
+                        .gpus
+                        .iter()
+                        .zip(&c.current)
+                        .map(|(g, cur)| {
+                            let key = format!("{}|{g:?}|{cur:?}|{wanted:?}|{}", c.model.id, opts.mps_replicas);
+                            memo.options(key, || {
+                                options(c.model, g, cur.clone(), &wanted, opts.mps_replicas)
+                                    .unwrap_or_else(|_| vec![keep(cur.clone())])
+                            })
                         })
-                        .clone()
-                })
-                .collect();
-            if let Some(ch) = best_on_node(c, &node_opts, &waiting) {
+                        .collect();
+                    let picks = best_on_node(c, &node_opts, &waiting);
+                    memo.remember(key, (node_opts.clone(), picks.clone()));
+                    (node_opts, picks)
+                }
+            };
+            if let Some(ch) = picks.and_then(|picks| choice(c, &node_opts, picks, &waiting)) {
                 if best.as_ref().is_none_or(|(b, _, _)| ch.score > *b) {
                     let specs = ch.picks.iter().enumerate().map(|(g, &k)| node_opts[g][k].spec.clone()).collect();
                     let sum = |f: fn(&GpuOption) -> f64| {

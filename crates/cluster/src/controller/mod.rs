@@ -2,7 +2,7 @@
 //! binary, docs/controller.md): [`pods`] (what a pod asks), [`fit`] (whether a pod may land on a
 //! node at all), [`affinity`] (required inter-pod affinity and anti-affinity), [`nodes`] (what a node offers and whether it is settled), [`capacity`] (the
 //! scheduler's view), [`gpu_options`] (the ways one GPU can be set), [`decide`] (one batch's
-//! decisions), [`layouts`] (generated layout names and the config merge) and [`patch`] (the one
+//! decisions), [`memo`] (what decisions remember across batches), [`layouts`] (generated layout names and the config merge) and [`patch`] (the one
 //! node patch a decision becomes).
 
 pub mod affinity;
@@ -11,6 +11,7 @@ pub mod decide;
 pub mod fit;
 pub mod gpu_options;
 pub mod layouts;
+pub mod memo;
 pub mod nodes;
 pub mod patch;
 pub mod pods;

@@ -4,7 +4,7 @@
 
 use crate::fleet::current::{from_annotation, CurrentGpu};
 use crate::fleet::report::LAYOUT_LABEL;
-use crate::keys::{STATE_LABEL, STATE_LAYOUT};
+use crate::keys::{DRA_DRIVER, DRA_LABEL, STATE_LABEL, STATE_LAYOUT};
 use crate::pools::Pools;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use std::collections::BTreeMap;
@@ -56,6 +56,16 @@ pub struct GpuNode {
 }
 
 impl GpuNode {
+    /// Why the node runs the DRA plugin, if it does (its label or the plugin's annotation): its
+    /// devices are made per claim, so the controller never sets a layout there.
+    pub fn dra_plugin(&self) -> Option<String> {
+        if self.labels.get(DRA_LABEL).is_some_and(|v| v == "true") {
+            return Some(format!("labelled {DRA_LABEL}=true"));
+        }
+        let driver = self.annotations.get(DRA_DRIVER)?;
+        Some(format!("its DRA plugin (driver {driver}) publishes its devices"))
+    }
+
     /// Reads a Node: `Ok(None)` when no agent has published its GPUs; `Err` when the
     /// annotation does not parse.
     pub fn read(node: &Node) -> Result<Option<GpuNode>, String> {

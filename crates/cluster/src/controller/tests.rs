@@ -798,3 +798,47 @@ fn among_nodes_alike_the_first_is_changed_and_one_that_differs_is_judged_on_its_
     assert_eq!(changed, ["gpu-00", "gpu-01"], "{out:#?}");
     assert_eq!(out.placeable, 7, "{out:#?}");
 }
+
+#[test]
+fn an_unchanged_node_is_not_judged_again_in_the_next_batch_and_a_changed_one_is() {
+    // Nodes differ in which instance is busy, so none stands for another.
+    let mut nodes: Vec<GpuNode> = (0..4)
+        .map(|k| {
+            let gpus: Vec<String> = (0..2)
+                .map(|g| {
+                    let busy = |j: usize| if (k >> (2 * g + j)) & 1 == 1 { "*" } else { "" };
+                    format!("3g.40gb@0{},3g.40gb@4{}", busy(0), busy(1))
+                })
+                .collect();
+            node(&format!("gpu-{k}"), &gpus.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .collect();
+    // More pods wait than all four nodes can serve (each at most 14 1g.10gb).
+    let pods: Vec<GpuPod> = (0..60).map(|i| pod(&format!("small-{i}"), mig("1g.10gb"), 1, 100 + i)).collect();
+    let idle = BTreeMap::new();
+    let opts = Options::default();
+    let mut memo = super::memo::Memo::new();
+    let world = |nodes: &[GpuNode]| -> String {
+        format!(
+            "{:?}",
+            super::decide::decide(&World { nodes, pods: &pods, config: None, now: 10_000, idle_since: &idle }, &opts)
+                .decisions
+        )
+    };
+    let mut remembered = |nodes: &[GpuNode], memo: &mut super::memo::Memo| -> String {
+        let w = World { nodes, pods: &pods, config: None, now: 10_000, idle_since: &idle };
+        format!("{:?}", super::decide::decide_with(&w, &opts, memo).decisions)
+    };
+    assert_eq!(remembered(&nodes, &mut memo), world(&nodes));
+    // Two rounds (two slots): the second sees fewer pods waiting than a node can serve anyway,
+    // so the four nodes are judged once each.
+    assert_eq!((memo.misses(), memo.hits()), (4, 3));
+    assert_eq!(remembered(&nodes, &mut memo), world(&nodes));
+    assert_eq!((memo.misses(), memo.hits()), (4, 10), "the second batch is all remembered");
+    // A process starts on gpu-3's second GPU: gpu-3 is judged again.
+    nodes[3] = node("gpu-3", &["3g.40gb@0*,3g.40gb@4*", "3g.40gb@0*,3g.40gb@4"]);
+    assert_eq!(remembered(&nodes, &mut memo), world(&nodes));
+    assert_eq!(memo.misses(), 5);
+    // gpu-3's old state was not used in that batch, so it is forgotten.
+    assert_eq!(memo.len(), 4);
+}
