@@ -230,6 +230,17 @@ pub enum NodeFormat {
     Svg,
 }
 
+/// Output format of `frag`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FragFormat {
+    /// A table per GPU (with `--cluster`, per node).
+    Table,
+    /// The documented JSON (docs/fragmentation.md).
+    Json,
+    /// One self-contained SVG: the node's picture, or with `--cluster` the cluster's (docs/pictures.md).
+    Svg,
+}
+
 /// Output format of `frag` and `health`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StatusFormat {
@@ -365,21 +376,23 @@ pub struct ControllerArgs {
     /// Decide and report (logs, Events "will repartition node X: …"), change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Longest wait to batch pending pods after the first one; cut short after a quiet second.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    /// Longest wait to batch pending pods after the first one; cut short after a quiet second
+    /// (at least 100ms).
+    #[arg(long, default_value = "5s", value_parser = parse_period, allow_hyphen_values = true)]
     pub batch_window: std::time::Duration,
     /// Nodes reconfiguring at once, counting those already under way.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_concurrent_nodes: u32,
-    /// A controller-made dedicated node without pods this long goes back to the shared pool.
-    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    /// A controller-made dedicated node without pods this long goes back to the shared pool
+    /// (at least 1s).
+    #[arg(long, default_value = "30m", value_parser = parse_second_or_more, allow_hyphen_values = true)]
     pub reclaim_after: std::time::Duration,
     /// A tensor-parallel pod that no idle node serves gets the shared node with the fewest pods
     /// reserved: tainted so no new shared pod lands there, converted once its pods end.
     #[arg(long)]
     pub reserve_for_dedicated: bool,
     /// Least time between two changes of one node.
-    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    #[arg(long, default_value = "1m", value_parser = parse_duration, allow_hyphen_values = true)]
     pub cooldown: std::time::Duration,
     /// The agents' config: a ConfigMap whose `config.yaml` holds the hand-written layouts and
     /// the generated ones; its annotation `gpupart.io/controller: off` pauses the controller.
@@ -388,8 +401,9 @@ pub struct ControllerArgs {
     /// The leader-election Lease.
     #[arg(long, value_name = "NS/NAME", default_value = "gpupart-system/gpupart-controller", value_parser = parse_object_name)]
     pub lease: ObjectName,
-    /// Lease duration: a new leader takes over this long after the old one stopped renewing.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    /// Lease duration: a new leader takes over this long after the old one stopped renewing
+    /// (at least 1s).
+    #[arg(long, default_value = "15s", value_parser = parse_second_or_more, allow_hyphen_values = true)]
     pub lease_duration: std::time::Duration,
     /// Events a batch may queue (repeats of one still queued fold into it); the rest are dropped
     /// and counted in `gpupart_controller_events_dropped_total`.
@@ -398,8 +412,8 @@ pub struct ControllerArgs {
     /// This replica's name in the Lease [default: $POD_NAME, else host name and pid].
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Re-evaluate this often even without changes (cool-downs, reclaim times).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    /// Re-evaluate this often even without changes (cool-downs, reclaim times; at least 100ms).
+    #[arg(long, default_value = "30s", value_parser = parse_period, allow_hyphen_values = true)]
     pub resync_interval: std::time::Duration,
     /// Extended resource name of the agents' MPS slots.
     #[arg(long, value_name = "NAME", default_value = crate::kubelet::device_plugin::DEFAULT_RESOURCE)]
@@ -536,9 +550,9 @@ pub struct FragArgs {
     /// Config file whose `gpupart.workload` block sets the target workload mix.
     #[arg(short = 'f', long = "config-file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,
-    /// Output format (`svg`: the node's picture, or with `--cluster` the cluster's, docs/pictures.md).
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = NodeFormat::Table)]
-    pub output: NodeFormat,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = FragFormat::Table)]
+    pub output: FragFormat,
     /// The whole cluster instead of this node: every Node's `<prefix>fragmentation`, per node
     /// and in total (the default kubeconfig or the in-cluster account).
     #[arg(long, conflicts_with = "config_file")]
@@ -560,6 +574,51 @@ pub struct FragArgs {
 /// Checks `--mps-shm-size` (`0`, `auto`, `512M`, `8G`).
 fn parse_shm_size(s: &str) -> Result<String, String> {
     crate::mps::shm::parse_size(s).map(|_| s.to_string())
+}
+
+/// Checks a DRA driver name: a lowercase DNS subdomain (RFC 1123 labels joined by dots) of at
+/// most 63 characters, as the API server validates a ResourceSlice's `spec.driver`; it also
+/// names the plugin's sockets and folder, so nothing else may reach the file system.
+pub fn parse_driver_name(s: &str) -> Result<String, String> {
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if s.len() <= 63 && s.split('.').all(label) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "'{s}' is not a DRA driver name: lowercase letters, digits and '-' in dot-separated parts, at most 63 characters (e.g. gpu.gpupart.io)"
+        ))
+    }
+}
+
+/// A duration of at least 100 ms (a loop's period or wait).
+pub fn parse_period(s: &str) -> Result<std::time::Duration, String> {
+    at_least(s, std::time::Duration::from_millis(100))
+}
+
+/// A duration of at least one second.
+pub fn parse_second_or_more(s: &str) -> Result<std::time::Duration, String> {
+    at_least(s, std::time::Duration::from_secs(1))
+}
+
+fn at_least(s: &str, min: std::time::Duration) -> Result<std::time::Duration, String> {
+    let d = parse_duration(s)?;
+    if d < min {
+        return Err(format!("'{s}' is too short: at least {}", humantime_ms(min)));
+    }
+    Ok(d)
+}
+
+fn humantime_ms(d: std::time::Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h` or a plain number of seconds.
@@ -690,8 +749,9 @@ pub struct AgentArgs {
     /// device when the kubelet prepares the claim it was allocated to (docs/dra.md).
     #[arg(long)]
     pub dra: bool,
-    /// The DRA driver name (DeviceClasses select it).
-    #[arg(long, default_value = crate::dra::DEFAULT_DRIVER)]
+    /// The DRA driver name (DeviceClasses select it): a lowercase DNS subdomain of at most 63
+    /// characters, as the API server requires of a ResourceSlice's driver.
+    #[arg(long, default_value = crate::dra::DEFAULT_DRIVER, value_parser = parse_driver_name, allow_hyphen_values = true)]
     pub driver_name: String,
     /// The kubelet's plugin registry directory (the plugin serves `<driver-name>-reg.sock` there).
     #[arg(long, value_name = "DIR", default_value = crate::kubelet::dra_plugin::DEFAULT_REGISTRY_DIR)]

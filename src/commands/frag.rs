@@ -2,7 +2,7 @@
 
 use super::io::read_config;
 use crate::backend::open as open_backend;
-use crate::cli::{FragArgs, GpuOptions, NodeFormat};
+use crate::cli::{FragArgs, FragFormat, GpuOptions};
 use crate::frag::{node_frag, GpuFrag, NodeFrag, Workload};
 use anyhow::Context;
 use serde::Serialize;
@@ -116,9 +116,9 @@ pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
         let published: Vec<_> = nodes.iter().map(|n| (n.name.clone(), n.annotations.get(&key).cloned())).collect();
         let c = gpupart_cluster::frag::cluster(&published)?;
         match a.output {
-            NodeFormat::Json => outln!("{}", serde_json::to_string_pretty(&c)?),
-            NodeFormat::Table => out!("{}", cluster_table(&c)),
-            NodeFormat::Svg => {
+            FragFormat::Json => outln!("{}", serde_json::to_string_pretty(&c)?),
+            FragFormat::Table => out!("{}", cluster_table(&c)),
+            FragFormat::Svg => {
                 let mut views = node_views(&nodes, &c, a)?;
                 crate::picture::cluster::order(&mut views);
                 let page = crate::picture::cluster::Page { number: a.page as usize, size: a.page_size as usize };
@@ -127,7 +127,7 @@ pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if a.output == NodeFormat::Svg {
+    if a.output == FragFormat::Svg {
         let o = super::status::observe(g)?;
         out!("{}", super::status::picture(&o, None));
         return Ok(ExitCode::SUCCESS);
@@ -143,8 +143,8 @@ pub fn run(g: &GpuOptions, a: &FragArgs) -> anyhow::Result<ExitCode> {
     let gpus: Vec<GpuFrag> = crate::frag::node_gpu_frags(&states, &daemons, workload.as_ref());
     let doc = FragDoc { simulated: backend.is_simulated(), node: node_frag(&gpus), gpus };
     match a.output {
-        NodeFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
-        NodeFormat::Table | NodeFormat::Svg => out!("{}", table(&doc)),
+        FragFormat::Json => outln!("{}", serde_json::to_string_pretty(&doc)?),
+        FragFormat::Table | FragFormat::Svg => out!("{}", table(&doc)),
     }
     Ok(ExitCode::SUCCESS)
 }
