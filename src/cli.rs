@@ -830,6 +830,23 @@ fn bytes(s: &str) -> Result<u64, String> {
 }
 
 impl AgentArgs {
+    /// The flags given that only the label-driven agent reads (`--dra` refuses them).
+    pub fn label_mode_flags(&self) -> Vec<&'static str> {
+        [
+            ("-f/--config-file", self.config_file.is_some()),
+            ("--config-map", self.config_map.is_some()),
+            ("--layout", self.layout.is_some()),
+            ("--layout-file", self.layout_file.is_some()),
+            ("--default-layout", self.default_layout.is_some()),
+            ("--pause-gpu-clients", self.pause_gpu_clients),
+            ("--allow-reboot", self.allow_reboot),
+            ("--force", self.force),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+
     /// The DRA plugin's options (`--dra`).
     pub fn dra_options(&self) -> crate::dra::DraOptions {
         crate::dra::DraOptions {

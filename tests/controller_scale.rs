@@ -31,26 +31,33 @@ fn metric(text: &str, name: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-#[test]
-fn two_replicas_keep_one_leader_while_a_large_batch_is_decided_and_written() {
+/// The layouts ConfigMap, `nodes` nodes carrying what their agents publish and `pods` pending
+/// `nvidia.com/mig-1g.10gb` pods the scheduler found no room for.
+fn cluster(nodes: usize, pods: usize) -> Arc<ApiServer> {
     let api = Arc::new(ApiServer::empty());
     api.put(
         "configmaps",
         json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
     );
-    for k in 0..NODES {
+    for k in 0..nodes {
         api.put(
             "nodes",
             json!({"metadata": {"name": format!("gpu-{k:04}"), "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
                    "annotations": agent_annotations()}, "spec": {}}),
         );
     }
-    for k in 0..PODS {
+    for k in 0..pods {
         let mut p = gpu_pod("serving", &format!("small-{k:03}"), "nvidia.com/mig-1g.10gb", 1, false);
         p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": "0/1000 nodes are available: 1000 Insufficient nvidia.com/mig-1g.10gb."}]);
+            "message": format!("0/{nodes} nodes are available: {nodes} Insufficient nvidia.com/mig-1g.10gb.")}]);
         api.put("pods", p);
     }
+    api
+}
+
+#[test]
+fn two_replicas_keep_one_leader_while_a_large_batch_is_decided_and_written() {
+    let api = cluster(NODES, PODS);
     api.delay_writes(Duration::from_millis(50));
     let rig = Rig::bare(api.clone());
     let flags = ["--lease-duration", "3s", "--events-per-batch", "50", "--resync-interval", "2s"];
@@ -98,25 +105,9 @@ fn two_replicas_keep_one_leader_while_a_large_batch_is_decided_and_written() {
 /// deadline passes, and every write of its successor comes after its last one.
 #[test]
 fn a_leader_whose_lease_writes_are_refused_stops_writing_before_another_takes_over() {
-    let api = Arc::new(ApiServer::empty());
-    api.put(
-        "configmaps",
-        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
-    );
-    for k in 0..20 {
-        api.put(
-            "nodes",
-            json!({"metadata": {"name": format!("gpu-{k:04}"), "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
-                   "annotations": agent_annotations()}, "spec": {}}),
-        );
-    }
     // More pods than the first changes serve: each left waiting gets a NotServed Event, posted one
     // by one, so the leader is still writing when its Lease writes start being refused.
-    for k in 0..400 {
-        let mut p = gpu_pod("serving", &format!("small-{k:03}"), "nvidia.com/mig-1g.10gb", 1, false);
-        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
-        api.put("pods", p);
-    }
+    let api = cluster(20, 400);
     api.delay_writes(Duration::from_millis(20));
     let rig = Rig::bare(api.clone());
     let flags = ["--lease-duration", "3s", "--events-per-batch", "1000"];

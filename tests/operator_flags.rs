@@ -56,3 +56,23 @@ fn frag_help_points_its_json_at_the_fragmentation_doc() {
     let json = help.lines().find(|l| l.trim_start().starts_with("- json:")).unwrap_or_default();
     assert!(json.contains("docs/fragmentation.md"), "{help}");
 }
+
+#[test]
+fn dra_mode_refuses_the_label_driven_agents_flags() {
+    for (flags, named) in [
+        (&["-f", "/etc/gpupart/config.yaml"][..], "-f/--config-file"),
+        (&["--layout", "all-1g.10gb"], "--layout"),
+        (&["--default-layout", "all-disabled"], "--default-layout"),
+        (&["--pause-gpu-clients"], "--pause-gpu-clients"),
+        (&["--allow-reboot"], "--allow-reboot"),
+        (&["--config-map", "gpupart-system/gpupart-config"], "--config-map"),
+    ] {
+        let mut args = vec!["agent", "--dra", "--node-name", "n"];
+        args.extend_from_slice(flags);
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(1), "{flags:?}: {err}");
+        assert!(err.contains(&format!("{named} is for the label-driven agent only: remove it")), "{flags:?}: {err}");
+    }
+    let (_, err) = run(&["agent", "--dra", "--node-name", "n", "--allow-reboot", "--layout", "x"]);
+    assert!(err.contains("--layout, --allow-reboot are for the label-driven agent only: remove them"), "{err}");
+}

@@ -70,6 +70,15 @@ impl Mode {
 /// Runs the agent until SIGTERM/SIGINT.
 pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     if a.dra {
+        let label_mode = a.label_mode_flags();
+        if !label_mode.is_empty() {
+            bail!(
+                "--dra makes each device when a claim is prepared and never applies a layout; {} {} for the label-driven agent only: remove {}",
+                label_mode.join(", "),
+                if label_mode.len() == 1 { "is" } else { "are" },
+                if label_mode.len() == 1 { "it" } else { "them" }
+            );
+        }
         return crate::dra::run(g, &a.dra_options());
     }
     let mut a = a.clone();

@@ -825,7 +825,7 @@ fn an_unchanged_node_is_not_judged_again_in_the_next_batch_and_a_changed_one_is(
                 .decisions
         )
     };
-    let mut remembered = |nodes: &[GpuNode], memo: &mut super::memo::Memo| -> String {
+    let remembered = |nodes: &[GpuNode], memo: &mut super::memo::Memo| -> String {
         let w = World { nodes, pods: &pods, config: None, now: 10_000, idle_since: &idle };
         format!("{:?}", super::decide::decide_with(&w, &opts, memo).decisions)
     };
