@@ -18,6 +18,8 @@ pub const DEFAULT_ADDR: &str = "0.0.0.0:9477";
 pub struct Health {
     ready: AtomicBool,
     heartbeat: AtomicU64,
+    /// A service the node needs is down (the DRA plugin's kubelet sockets): not ready meanwhile.
+    down: AtomicBool,
 }
 
 fn now() -> u64 {
@@ -30,9 +32,14 @@ impl Health {
         self.ready.store(true, Ordering::SeqCst);
     }
 
-    /// Whether the agent is ready.
+    /// Whether the agent is ready: marked so, and no service it needs is down.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && !self.down.load(Ordering::SeqCst)
+    }
+
+    /// Records whether a service the node needs is up (not ready while it is down).
+    pub fn set_serving(&self, up: bool) {
+        self.down.store(!up, Ordering::SeqCst);
     }
 
     /// Records that the loop is alive.

@@ -112,6 +112,14 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
     );
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     let ended = runtime.block_on(async move {
+        // The kubelet's sockets first: nothing is published by a plugin the kubelet cannot reach.
+        let sockets = Sockets {
+            driver: a.driver_name.clone(),
+            registry_dir: a.kubelet_registry_dir.clone(),
+            plugins_dir: a.kubelet_plugins_dir.clone(),
+            poll: Duration::from_millis(500),
+        };
+        let (_folder, bound) = sockets.open().map_err(anyhow::Error::msg)?;
         let client = crate::kube::client().await?;
         let health = Arc::new(crate::http::Health::default());
         health.beat();
@@ -195,16 +203,13 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             watch::spawn(client.clone(), a.driver_name.clone(), node.clone(), dra.held.clone(), dra.republish.clone());
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let sockets = Sockets {
-            driver: a.driver_name.clone(),
-            registry_dir: a.kubelet_registry_dir.clone(),
-            plugins_dir: a.kubelet_plugins_dir.clone(),
-            poll: Duration::from_millis(500),
-        };
+        let up = health.clone();
         let served = tokio::spawn(crate::kubelet::dra_plugin::serve(
             sockets,
+            bound,
             Arc::new(dra.clone()),
             Arc::new(RegistrationLog::default()),
+            move |serving| up.set_serving(serving),
             stop_rx,
         ));
         let publishing = tokio::spawn(plugin::publish_loop(dra.clone(), publisher, health, a.resync_interval));

@@ -2,7 +2,11 @@
 //! kubelet finds it there, asks `GetInfo` and reports the outcome) and `DRAPlugin` on
 //! `<plugins>/<driver>/dra.sock`. Both sockets are owner-only; when either disappears (a kubelet
 //! restart cleaning its directories, or a hand), both are served again so the kubelet registers
-//! the plugin anew. The claims themselves are handled by a [`ClaimHandler`].
+//! the plugin anew. At start ([`Sockets::open`]) the kubelet's directories must exist (the kubelet
+//! makes them under its `--root-dir`), the plugin's folder `<plugins>/<driver>/` is locked (one
+//! plugin per driver and directories) and both sockets are bound once: whatever fails is an error
+//! naming the path, with nothing left behind. The claims themselves are handled by a
+//! [`ClaimHandler`].
 
 use super::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
 use super::dra::{
@@ -63,6 +67,95 @@ impl Sockets {
         self.plugins_dir.join(&self.driver).join("dra.sock")
     }
 }
+
+/// Both sockets, bound: the DRA service and the registration.
+pub type Bound = (tokio::net::UnixListener, tokio::net::UnixListener);
+
+/// The plugin's hold on its folder (`<plugins>/<driver>/plugin.lock`), kept while it runs; its
+/// sockets are removed when it is dropped (the plugin stops, or fails after the start).
+#[derive(Debug)]
+pub struct FolderLock {
+    _lock: crate::agent::lock::NodeLock,
+    sockets: [PathBuf; 2],
+}
+
+impl Drop for FolderLock {
+    fn drop(&mut self) {
+        for p in &self.sockets {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Sockets {
+    /// Checks the kubelet's directories, creates and locks the plugin's folder and binds both
+    /// sockets, for the start: an error names the path and what is wrong, and removes the
+    /// sockets and folder it made.
+    pub fn open(&self) -> Result<(FolderLock, Bound), String> {
+        for (flag, dir) in
+            [("--kubelet-registry-dir", &self.registry_dir), ("--kubelet-plugins-dir", &self.plugins_dir)]
+        {
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(format!("{flag} {}: not a directory", dir.display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(format!(
+                        "{flag} {}: no such directory; the kubelet makes it under its --root-dir (default /var/lib/kubelet): is its root elsewhere?",
+                        dir.display()
+                    ))
+                }
+                Err(e) => return Err(format!("{flag} {}: {e}", dir.display())),
+            }
+        }
+        let folder = self.plugins_dir.join(&self.driver);
+        let made = !folder.exists();
+        let undo = |bound: &[&Path]| {
+            for p in bound {
+                let _ = std::fs::remove_file(p);
+            }
+            if made {
+                let _ = std::fs::remove_file(folder.join(LOCK_FILE));
+                let _ = std::fs::remove_dir(&folder);
+            }
+        };
+        if let Err(e) = std::fs::create_dir_all(&folder) {
+            return Err(format!("--kubelet-plugins-dir: cannot make the plugin's folder {}: {e}", folder.display()));
+        }
+        let lock = match crate::agent::lock::NodeLock::acquire(&folder.join(LOCK_FILE)) {
+            Ok(l) => l,
+            Err(crate::agent::lock::LockError::Held { holder, .. }) => {
+                return Err(format!(
+                    "another DRA plugin (pid {holder}) serves driver {} from {}; refusing to replace its sockets",
+                    self.driver,
+                    folder.display()
+                ))
+            }
+            Err(e) => {
+                undo(&[]);
+                return Err(format!("--kubelet-plugins-dir: {e}"));
+            }
+        };
+        let (svc_path, reg_path) = (self.service(), self.registration());
+        let svc = match bind_private(&svc_path) {
+            Ok(l) => l,
+            Err(e) => {
+                undo(&[&svc_path]);
+                return Err(format!("--kubelet-plugins-dir: cannot serve {}: {e}", svc_path.display()));
+            }
+        };
+        let reg = match bind_private(&reg_path) {
+            Ok(l) => l,
+            Err(e) => {
+                undo(&[&svc_path, &reg_path]);
+                return Err(format!("--kubelet-registry-dir: cannot serve {}: {e}", reg_path.display()));
+            }
+        };
+        Ok((FolderLock { _lock: lock, sockets: [svc_path, reg_path] }, (svc, reg)))
+    }
+}
+
+/// The lock file in the plugin's folder.
+const LOCK_FILE: &str = "plugin.lock";
 
 /// What the kubelet said of the registrations so far.
 #[derive(Debug, Default)]
@@ -127,9 +220,6 @@ impl<H: ClaimHandler> DraPlugin for Service<H> {
 
 /// Binds a unix socket readable and writable by its owner only (the kubelet runs as root).
 fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
@@ -139,10 +229,13 @@ fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
 /// Serves both sockets until `stop`; serves them again whenever one disappears.
 pub async fn serve<H: ClaimHandler>(
     sockets: Sockets,
+    first: Bound,
     handler: Arc<H>,
     log: Arc<RegistrationLog>,
+    serving: impl Fn(bool) + Send + 'static,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut first = Some(first);
     let info = PluginInfo {
         r#type: PLUGIN_TYPE.to_string(),
         name: sockets.driver.clone(),
@@ -151,17 +244,30 @@ pub async fn serve<H: ClaimHandler>(
     };
     loop {
         let (reg_path, svc_path) = (sockets.registration(), sockets.service());
-        let bound = bind_private(&svc_path).and_then(|s| Ok((s, bind_private(&reg_path)?)));
+        let bound = match first.take() {
+            Some(b) => Ok(b),
+            // The plugin's own folder is made again if a hand removed it; the kubelet's are not.
+            None => std::fs::create_dir_all(sockets.plugins_dir.join(&sockets.driver))
+                .and_then(|()| bind_private(&svc_path))
+                .and_then(|s| Ok((s, bind_private(&reg_path)?))),
+        };
         let (svc, reg) = match bound {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, registration = %reg_path.display(), service = %svc_path.display(), "cannot listen for the kubelet; retrying");
+                // Not ready while the kubelet cannot reach the plugin.
+                serving(false);
+                tracing::warn!(error = %e, registration = %reg_path.display(), service = %svc_path.display(), "cannot listen for the kubelet; not ready, retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(sockets.poll) => continue,
-                    _ = stop.changed() => return,
+                    _ = stop.changed() => {
+                        let _ = std::fs::remove_file(&reg_path);
+                        let _ = std::fs::remove_file(&svc_path);
+                        return;
+                    }
                 }
             }
         };
+        serving(true);
         log.served.fetch_add(1, Ordering::SeqCst);
         let inodes = (inode(&reg_path), inode(&svc_path));
         let (halt_tx, halt_rx) = watch::channel(false);

@@ -46,9 +46,13 @@ pub struct DraKubelet {
 }
 
 impl DraKubelet {
-    /// Starts watching `registry` (created if missing).
+    /// Starts watching `registry` (created if missing). As the kubelet does at start, it makes
+    /// its `plugins_registry` and `plugins` directories under its root (`registry`'s parent).
     pub fn start(registry: &Path) -> Self {
         std::fs::create_dir_all(registry).unwrap();
+        if let Some(root) = registry.parent() {
+            std::fs::create_dir_all(root.join("plugins")).unwrap();
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

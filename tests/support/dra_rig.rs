@@ -25,6 +25,8 @@ pub struct DraRig {
     pub agent: std::sync::Mutex<Option<Agent>>,
     extra: Vec<String>,
     env: Vec<(String, String)>,
+    /// The plugin's `--metrics-addr` port (`/healthz`, `/readyz`, `/metrics`).
+    pub port: u16,
 }
 
 impl DraRig {
@@ -78,6 +80,7 @@ impl DraRig {
             agent: std::sync::Mutex::new(None),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            port: super::baremetal::free_port(),
         };
         rig.launch();
         rig
@@ -92,48 +95,78 @@ impl DraRig {
         *self.agent.lock().unwrap() = None;
     }
 
-    /// Starts (or restarts) the plugin.
-    pub fn launch(&self) {
-        self.kill();
+    /// The plugin's command line as the rig runs it, with `set`'s flags given these values
+    /// instead (a flag the rig does not give is added).
+    fn command(&self, set: &[(&str, &str)]) -> std::process::Command {
         let kubeconfig = self.api.kubeconfig(self.node.dir.path());
         let paths =
             ["plugins_registry", "plugins", "cdi", "mig-minors", "dra-state", "agent.lock"].map(|p| self.path(p));
         let s = |p: &PathBuf| p.to_str().unwrap().to_string();
-        let mut args: Vec<String> = [
-            "agent",
-            "--dra",
-            "--node-name",
-            NODE,
-            "--kubelet-registry-dir",
-            &s(&paths[0]),
-            "--kubelet-plugins-dir",
-            &s(&paths[1]),
-            "--cdi-dir",
-            &s(&paths[2]),
-            "--nvidia-caps-minors",
-            &s(&paths[3]),
-            "--dra-state-dir",
-            &s(&paths[4]),
-            "--lock-file",
-            &s(&paths[5]),
-            "--metrics-addr",
-            "127.0.0.1:0",
+        let mut flags: Vec<(String, String)> = [
+            ("--node-name", NODE.to_string()),
+            ("--kubelet-registry-dir", s(&paths[0])),
+            ("--kubelet-plugins-dir", s(&paths[1])),
+            ("--cdi-dir", s(&paths[2])),
+            ("--nvidia-caps-minors", s(&paths[3])),
+            ("--dra-state-dir", s(&paths[4])),
+            ("--lock-file", s(&paths[5])),
+            ("--metrics-addr", format!("127.0.0.1:{}", self.port)),
         ]
-        .iter()
-        .map(|x| x.to_string())
+        .into_iter()
+        .map(|(f, v)| (f.to_string(), v))
         .collect();
+        for (f, v) in set {
+            match flags.iter_mut().find(|(g, _)| g == f) {
+                Some(x) => x.1 = v.to_string(),
+                None => flags.push((f.to_string(), v.to_string())),
+            }
+        }
+        let mut args: Vec<String> = vec!["agent".into(), "--dra".into()];
+        args.extend(flags.into_iter().flat_map(|(f, v)| [f, v]));
         args.extend(self.extra.iter().cloned());
         let mut env: Vec<(String, String)> = self.env.clone();
         env.push(("KUBECONFIG".into(), s(&kubeconfig)));
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let envv: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.node.command(&argv, &envv)
+    }
+
+    /// Starts (or restarts) the plugin.
+    pub fn launch(&self) {
+        self.kill();
         // The agent's log: where GPUPART_TEST_AGENT_LOG says, else the rig's own file
         // ([`DraRig::stderr`]).
         let at = std::env::var_os("GPUPART_TEST_AGENT_LOG").map_or_else(|| self.path("agent.log"), PathBuf::from);
         let log = std::fs::File::create(at).ok();
         let stderr = log.map_or_else(Stdio::null, Stdio::from);
-        let child = self.node.command(&argv, &envv).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
+        let child = self.command(&[]).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
         *self.agent.lock().unwrap() = Some(Agent(child));
+    }
+
+    /// Runs another plugin beside the rig's with `set`'s flags changed, waiting up to `secs` for it
+    /// to exit: its exit code (`None`: still running, then killed) and what it logged.
+    pub fn try_start(&self, set: &[(&str, &str)], secs: u64) -> (Option<i32>, String) {
+        let log = self.path(&format!("try-{}.log", std::process::id()));
+        let stderr = std::fs::File::create(&log).unwrap();
+        let mut child = self.command(set).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        let code = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.code();
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        (code, std::fs::read_to_string(&log).unwrap_or_default())
+    }
+
+    /// An HTTP GET of the plugin's metrics port (`/readyz`): the raw response.
+    pub fn get(&self, path: &str) -> String {
+        super::http_get(self.port, path)
     }
 
     /// What the agent logged so far (empty when GPUPART_TEST_AGENT_LOG sends it elsewhere).

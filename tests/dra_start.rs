@@ -1,0 +1,96 @@
+//! What `gpupart agent --dra` checks before it serves the kubelet: the kubelet's directories
+//! (they must exist and be directories), the plugin's own folder (one plugin per driver and
+//! directories), and what it does when the kubelet's sockets cannot be served later (not ready,
+//! nothing left behind at SIGTERM).
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::dra_rig::DraRig;
+
+/// A rig whose own plugin was stopped and whose slices were removed, for a plugin of a test's own.
+fn stopped_rig() -> DraRig {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.wait_slices("the pool", |s| !s.is_empty());
+    rig.kill();
+    rig.api.change(|s| s.objects.retain(|k, _| k.0 != "resourceslices"));
+    // What the killed plugin could not clean up, as a kubelet restart would.
+    std::fs::remove_dir_all(rig.path("plugins/gpu.gpupart.io")).unwrap();
+    std::fs::remove_file(rig.path("plugins_registry/gpu.gpupart.io-reg.sock")).unwrap();
+    rig
+}
+
+#[test]
+fn unusable_kubelet_directories_stop_the_plugin_at_start_naming_them() {
+    let rig = stopped_rig();
+    let file = rig.path("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let missing = rig.path("kubelet-elsewhere/plugins_registry");
+    let (file, missing) = (file.to_str().unwrap().to_string(), missing.to_str().unwrap().to_string());
+    for (flag, value, says) in [
+        ("--kubelet-registry-dir", &file, format!("--kubelet-registry-dir {file}: not a directory")),
+        ("--kubelet-plugins-dir", &file, format!("--kubelet-plugins-dir {file}: not a directory")),
+        (
+            "--kubelet-registry-dir",
+            &missing,
+            format!("--kubelet-registry-dir {missing}: no such directory; the kubelet makes it under its --root-dir"),
+        ),
+    ] {
+        let (code, log) = rig.try_start(&[(flag, value)], 30);
+        assert_eq!(code, Some(1), "{flag} {value}: {log}");
+        assert!(log.contains(&says), "{flag} {value}: {log}");
+        assert!(!std::path::Path::new(&missing).exists(), "a missing kubelet directory was made");
+        assert!(rig.slices().is_empty(), "{flag} {value}: slices were published");
+    }
+    // Nothing of the plugin is left in the kubelet's directories.
+    assert!(!rig.path("plugins/gpu.gpupart.io").exists(), "the plugin's folder left behind");
+    assert!(!rig.path("plugins_registry/gpu.gpupart.io-reg.sock").exists());
+    // The registration socket cannot be made (a directory is in its place) after the service
+    // socket was: the service socket and the plugin's folder are removed again.
+    std::fs::create_dir_all(rig.path("plugins_registry/gpu.gpupart.io-reg.sock/x")).unwrap();
+    let (code, log) = rig.try_start(&[], 30);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("--kubelet-registry-dir: cannot serve"), "{log}");
+    assert!(!rig.path("plugins/gpu.gpupart.io").exists(), "the plugin's folder left behind");
+    assert!(rig.slices().is_empty(), "slices were published");
+}
+
+#[test]
+fn a_second_plugin_on_the_same_directories_is_refused_whatever_its_lock_file() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.kubelet.wait_registered(1);
+    let svc = rig.path("plugins/gpu.gpupart.io/dra.sock");
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&svc).unwrap());
+    let other_lock = rig.path("other.lock");
+    let (code, log) = rig.try_start(&[("--lock-file", other_lock.to_str().unwrap())], 30);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("another DRA plugin (pid") && log.contains("serves driver gpu.gpupart.io"), "{log}");
+    // The first plugin's sockets were not touched.
+    assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&svc).unwrap()), inode);
+}
+
+#[test]
+fn a_plugin_that_cannot_serve_the_kubelet_is_not_ready_and_leaves_nothing_behind() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.kubelet.wait_registered(1);
+    let wait = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ok() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", rig.stderr());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait("ready", &|| rig.get("/readyz").starts_with("HTTP/1.1 200"));
+    // The registry directory turns into a file (a hand, or a kubelet's root moved): the
+    // registration socket cannot be served again.
+    let registry = rig.path("plugins_registry");
+    std::fs::remove_dir_all(&registry).unwrap();
+    std::fs::write(&registry, "").unwrap();
+    wait("not ready", &|| rig.get("/readyz").starts_with("HTTP/1.1 503"));
+    let svc = rig.path("plugins/gpu.gpupart.io/dra.sock");
+    wait("the service socket served again", &|| svc.exists());
+    let pid = rig.agent.lock().unwrap().as_ref().map(|a| a.0.id()).unwrap();
+    // SIGTERM: the plugin stops and removes the service socket it still had.
+    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    wait("the service socket removed", &|| !svc.exists());
+}
