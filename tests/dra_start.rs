@@ -94,3 +94,43 @@ fn a_plugin_that_cannot_serve_the_kubelet_is_not_ready_and_leaves_nothing_behind
     std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
     wait("the service socket removed", &|| !svc.exists());
 }
+
+#[test]
+fn a_missing_or_unreadable_mig_minors_file_stops_the_plugin_at_start_naming_it() {
+    let rig = stopped_rig();
+    let empty = rig.path("empty-minors");
+    std::fs::write(&empty, "").unwrap();
+    let garbage = rig.path("garbage-minors");
+    std::fs::write(&garbage, "gpu0 access\nnot a minors file\n").unwrap();
+    // GPUs seen through NVML (the fake libnvidia-ml), whose driver writes the file.
+    let missing = rig.path("no-such-minors");
+    for (file, says) in [
+        (&missing, "No such file or directory"),
+        (&empty, "no `gpu<N>/gi<M>/access <minor>` line for GPU minor 0"),
+        (&garbage, "no `gpu<N>/gi<M>/access <minor>` line for GPU minor 0"),
+    ] {
+        let (code, log) = rig.try_start(&[("--nvidia-caps-minors", file.to_str().unwrap())], 30);
+        assert_eq!(code, Some(1), "{}: {log}", file.display());
+        assert!(log.contains(&format!("--nvidia-caps-minors {}", file.display())) && log.contains(says), "{log}");
+        assert!(rig.slices().is_empty(), "slices were published");
+    }
+}
+
+#[test]
+fn simulated_gpus_without_a_minors_file_get_simulated_minors_and_mig_claims_prepare() {
+    let rig = DraRig::start_on(support::Backend::Sim, "A100-SXM4-80GB:1", &[], &[], |_| {});
+    rig.kubelet.wait_registered(1);
+    rig.kill();
+    std::fs::remove_file(rig.path("mig-minors")).unwrap();
+    rig.launch();
+    rig.kubelet.wait_registered(2);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    rig.mig_claim("a", "3g.40gb");
+    rig.schedule("a").unwrap();
+    let prepared = rig.prepare("a").expect("prepared with simulated minors");
+    assert!(!prepared.is_empty());
+    let cdi = std::fs::read_dir(rig.path("cdi")).unwrap().filter_map(Result::ok).next().expect("a CDI spec");
+    let spec = std::fs::read_to_string(cdi.path()).unwrap();
+    assert!(spec.contains("/dev/nvidia-caps/nvidia-cap"), "{spec}");
+    assert!(rig.path("dra-state/simulated-mig-minors").exists());
+}

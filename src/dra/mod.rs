@@ -77,6 +77,51 @@ pub struct DraOptions {
     pub health_taint_effect: &'static str,
 }
 
+/// The MIG capability minors file Prepare reads, checked when a GPU is MIG-capable: it must list
+/// an access minor for each such GPU. Simulated GPUs have no NVIDIA driver: when the file is
+/// missing they get a simulated one in the state folder.
+fn mig_minors_file(
+    a: &DraOptions,
+    states: &[gpupart_node::observed::GpuState],
+    simulated: bool,
+) -> anyhow::Result<std::path::PathBuf> {
+    let mig: Vec<u32> = states.iter().filter(|s| s.info.mig_capable).map(|s| s.info.minor).collect();
+    let path = &a.nvidia_caps_minors;
+    if mig.is_empty() {
+        return Ok(path.clone());
+    }
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if simulated && e.kind() == std::io::ErrorKind::NotFound => {
+            let sim = a.dra_state_dir.join("simulated-mig-minors");
+            std::fs::create_dir_all(&a.dra_state_dir)
+                .with_context(|| format!("--dra-state-dir {}", a.dra_state_dir.display()))?;
+            gpupart_node::fsutil::write_atomic(&sim, cdi::MigMinors::simulated(&mig).as_bytes())
+                .with_context(|| format!("writing the simulated MIG capability minors {}", sim.display()))?;
+            tracing::info!(
+                missing = %path.display(),
+                file = %sim.display(),
+                "simulated GPUs have no NVIDIA driver: MIG devices get simulated capability minors"
+            );
+            return Ok(sim);
+        }
+        Err(e) => anyhow::bail!(
+            "--nvidia-caps-minors {}: {e}; MIG devices are prepared with the access minors the NVIDIA driver lists there",
+            path.display()
+        ),
+    };
+    let minors = cdi::MigMinors::parse(&text);
+    let lacking: Vec<String> = mig.iter().filter(|m| !minors.covers(**m)).map(u32::to_string).collect();
+    if !lacking.is_empty() {
+        anyhow::bail!(
+            "--nvidia-caps-minors {}: no `gpu<N>/gi<M>/access <minor>` line for GPU minor {}; is it the NVIDIA driver's {DEFAULT_MIG_MINORS}?",
+            path.display(),
+            lacking.join(", ")
+        );
+    }
+    Ok(path.clone())
+}
+
 /// Runs the DRA plugin until SIGTERM or SIGINT.
 pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
     let node = a.node_name.clone().context("--dra needs the node name: --node-name or NODE_NAME (downward API)")?;
@@ -91,10 +136,11 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
     // The event watch sees a lost GPU as lost; publication and Prepare see it as last seen.
     let backend: Arc<dyn GpuBackend> = Arc::new(crate::gpu_health::keep_lost::KeepingLost::new(watched.clone()));
     let gpu_health = Arc::new(crate::gpu_health::GpuHealth::load(&g.health_file, a.ignore_xids.clone()));
+    let states = backend.observe_all().map_err(|e| anyhow::anyhow!("reading the GPUs: {e}"))?;
     let cfg = DriverConfig {
         pool: node.clone(),
         cdi_dir: a.cdi_dir.clone(),
-        mig_minors: a.nvidia_caps_minors.clone(),
+        mig_minors: mig_minors_file(a, &states, simulated)?,
         state_dir: a.dra_state_dir.clone(),
     };
     let mut driver = Driver::open(cfg)

@@ -48,7 +48,19 @@ impl DraRig {
         env: &[(&str, &str)],
         edit: impl FnOnce(&mut gpupart::mig::sim::SimState),
     ) -> Self {
-        let node = Node::with(Backend::Nvml, spec);
+        Self::start_on(Backend::Nvml, spec, extra, env, edit)
+    }
+
+    /// As [`DraRig::start_after`], on `backend` (the fake libnvidia-ml, or the built-in
+    /// simulator, which has no NVIDIA driver).
+    pub fn start_on(
+        backend: Backend,
+        spec: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        edit: impl FnOnce(&mut gpupart::mig::sim::SimState),
+    ) -> Self {
+        let node = Node::with(backend, spec);
         let mut s = node.load();
         for g in &mut s.gpus {
             if g.catalog_model().is_some_and(|m| m.mig_capable()) {

@@ -48,6 +48,30 @@ impl MigMinors {
         Self(map)
     }
 
+    /// Whether it lists an access minor for some GPU instance of the GPU of minor `gpu_minor`.
+    pub fn covers(&self, gpu_minor: u32) -> bool {
+        self.0.keys().any(|(g, _, _)| *g == gpu_minor)
+    }
+
+    /// A file for simulated GPUs, which have no NVIDIA driver to write one: the driver's lines
+    /// (`config`, `monitor`, then per GPU minor each GPU instance's access and its compute
+    /// instances'), numbered in that order.
+    pub fn simulated(gpu_minors: &[u32]) -> String {
+        let mut out = String::from("config 1\nmonitor 2\n");
+        let mut next = 3;
+        for g in gpu_minors {
+            for gi in 0..15 {
+                out.push_str(&format!("gpu{g}/gi{gi}/access {next}\n"));
+                next += 1;
+                for ci in 0..8 {
+                    out.push_str(&format!("gpu{g}/gi{gi}/ci{ci}/access {next}\n"));
+                    next += 1;
+                }
+            }
+        }
+        out
+    }
+
     /// The access minor of a GPU instance (`ci` none) or compute instance.
     pub fn get(&self, gpu_minor: u32, gi: u32, ci: Option<u32>) -> Option<u32> {
         self.0.get(&(gpu_minor, gi, ci)).copied()
