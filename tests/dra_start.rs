@@ -134,3 +134,26 @@ fn simulated_gpus_without_a_minors_file_get_simulated_minors_and_mig_claims_prep
     assert!(spec.contains("/dev/nvidia-caps/nvidia-cap"), "{spec}");
     assert!(rig.path("dra-state/simulated-mig-minors").exists());
 }
+
+#[test]
+fn a_node_that_does_not_exist_stops_the_plugin_at_start_and_nothing_is_written() {
+    let rig = stopped_rig();
+    let before = rig.api.store().requests.len();
+    let (code, log) = rig.try_start(&[("--node-name", "ghost")], 30);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("node ghost does not exist"), "{log}");
+    assert_eq!(log.matches("node ghost does not exist").count(), 1, "said once: {log}");
+    let writes: Vec<(String, String)> =
+        rig.api.store().requests[before..].iter().filter(|(m, _)| m != "GET").cloned().collect();
+    assert!(writes.is_empty(), "written for a node that does not exist: {writes:?}");
+}
+
+#[test]
+fn an_api_server_that_does_not_answer_at_start_is_waited_for_naming_it() {
+    let rig = stopped_rig();
+    rig.api.go_down();
+    let (code, log) = rig.try_start(&[], 5);
+    assert_eq!(code, None, "it waits for the API server instead of exiting: {log}");
+    assert!(log.contains("the Kubernetes API does not answer; retrying"), "{log}");
+    assert!(log.contains("https://127.0.0.1:") || log.contains("http://127.0.0.1:"), "names the server: {log}");
+}

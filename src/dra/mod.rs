@@ -122,6 +122,28 @@ fn mig_minors_file(
     Ok(path.clone())
 }
 
+/// The Node's uid, waiting while the API server does not answer (one line per outage, naming
+/// the server); a Node that does not exist is an error.
+async fn node_uid(client: &kube::Client, node: &str, server: &str) -> anyhow::Result<String> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let mut outage = crate::kube::outage::Outage::new("reading this node's Node");
+    loop {
+        match nodes.get_opt(node).await {
+            Ok(Some(n)) => {
+                outage.ok();
+                return n.metadata.uid.with_context(|| format!("the Node {node} has no uid"));
+            }
+            Ok(None) => anyhow::bail!(
+                "node {node} does not exist at {server}: --node-name (or NODE_NAME) must name this node's Node"
+            ),
+            Err(e) => {
+                let e = format!("{server}: {e}");
+                tokio::time::sleep(outage.failed(&e)).await;
+            }
+        }
+    }
+}
+
 /// Runs the DRA plugin until SIGTERM or SIGINT.
 pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
     let node = a.node_name.clone().context("--dra needs the node name: --node-name or NODE_NAME (downward API)")?;
@@ -166,7 +188,15 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             poll: Duration::from_millis(500),
         };
         let (_folder, bound) = sockets.open().map_err(anyhow::Error::msg)?;
-        let client = crate::kube::client().await?;
+        let (client, server) = crate::kube::client_and_server().await?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        // The Node first: its uid owns the slices, and a node that does not exist stops the
+        // plugin before anything is written.
+        let uid = tokio::select! {
+            uid = node_uid(&client, &node, &server) => uid?,
+            _ = term.recv() => return anyhow::Ok(ExitCode::SUCCESS),
+            _ = tokio::signal::ctrl_c() => return anyhow::Ok(ExitCode::SUCCESS),
+        };
         let health = Arc::new(crate::http::Health::default());
         health.beat();
         let listener = crate::http::listen(a.metrics_addr).await?;
@@ -176,7 +206,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             crate::http::ServeLimits { max_connections: a.http_max_connections as usize, timeout: a.http_timeout };
         tokio::spawn(async move { crate::http::serve(listener, crate::http::router(http_state), limits).await });
         let mut publisher =
-            publisher::Publisher::start(client.clone(), &a.driver_name, &node, backend.as_ref()).await?;
+            publisher::Publisher::start(client.clone(), &a.driver_name, &node, uid, backend.as_ref()).await?;
         publisher.catalog.mps = a.mps_policy;
         publisher.catalog.mps_on_mig = a.mps_on_mig;
         let (node_changed, mut node_changes) = tokio::sync::mpsc::channel::<()>(8);
@@ -259,7 +289,6 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             stop_rx,
         ));
         let publishing = tokio::spawn(plugin::publish_loop(dra.clone(), publisher, health, a.resync_interval));
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),

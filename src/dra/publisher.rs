@@ -11,7 +11,6 @@ use gpupart_node::backend::GpuBackend;
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::publish::{content, names, Catalog, PublishedGpu};
 use gpupart_node::dra::slices::{keep_unchanged, write_plan, Slice, SliceSpec};
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -56,21 +55,14 @@ fn to_spec(s: &ResourceSlice) -> Option<SliceSpec> {
 }
 
 impl Publisher {
-    /// Reads this node's Node (its uid owns the slices) and what the API holds of its pool.
+    /// Reads what the API holds of this node's pool; `uid` is the Node's (it owns the slices).
     pub async fn start(
         client: kube::Client,
         driver: &str,
         node: &str,
+        uid: String,
         backend: &dyn GpuBackend,
     ) -> anyhow::Result<Self> {
-        let nodes: kube::Api<Node> = kube::Api::all(client.clone());
-        let uid = nodes
-            .get(node)
-            .await
-            .with_context(|| format!("reading the Node {node} (its ResourceSlices name it as their owner)"))?
-            .metadata
-            .uid
-            .with_context(|| format!("the Node {node} has no uid"))?;
         let owner = OwnerReference {
             api_version: "v1".into(),
             kind: "Node".into(),

@@ -28,6 +28,14 @@ pub async fn client_without_retries() -> anyhow::Result<::kube::Client> {
     client_with(false).await
 }
 
+/// A client as [`client`] gives, and the API server's URL it talks to (for messages).
+pub async fn client_and_server() -> anyhow::Result<(::kube::Client, String)> {
+    use anyhow::Context;
+    let config = ::kube::Config::infer().await.context("reading the Kubernetes client configuration")?;
+    let server = config.cluster_url.to_string();
+    Ok((client_from(config, true)?, server))
+}
+
 async fn client_with(retries: bool) -> anyhow::Result<::kube::Client> {
     use anyhow::Context;
     let config = ::kube::Config::infer().await.context("reading the Kubernetes client configuration")?;
