@@ -157,3 +157,21 @@ fn an_api_server_that_does_not_answer_at_start_is_waited_for_naming_it() {
     assert!(log.contains("the Kubernetes API does not answer; retrying"), "{log}");
     assert!(log.contains("https://127.0.0.1:") || log.contains("http://127.0.0.1:"), "names the server: {log}");
 }
+
+#[test]
+fn unusable_cdi_and_state_folders_stop_the_plugin_at_start_saying_so_once() {
+    let rig = stopped_rig();
+    let file = rig.path("a-file");
+    std::fs::write(&file, "").unwrap();
+    let f = file.to_str().unwrap();
+    for flag in ["--cdi-dir", "--dra-state-dir"] {
+        let (code, log) = rig.try_start(&[(flag, f)], 30);
+        assert_eq!(code, Some(1), "{flag}: {log}");
+        let error = log.lines().find(|l| l.starts_with("Error") || l.starts_with("error")).unwrap_or_default();
+        assert!(error.contains(&format!("{flag} {f}")), "{flag}: {log}");
+        // The OS's words once, not twice.
+        let os = ["Not a directory", "File exists"].iter().map(|w| error.matches(w).count()).sum::<usize>();
+        assert_eq!(os, 1, "{flag}: {error}");
+        assert!(rig.slices().is_empty(), "slices were published");
+    }
+}

@@ -77,6 +77,15 @@ pub struct DraOptions {
     pub health_taint_effect: &'static str,
 }
 
+/// Makes `dir` if missing and checks a file can be written there; the error names `flag`.
+fn writable_folder(flag: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let fail = |e: std::io::Error| anyhow::anyhow!("{flag} {}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let probe = dir.join(".gpupart-write-check");
+    std::fs::write(&probe, b"").map_err(fail)?;
+    std::fs::remove_file(&probe).map_err(fail)
+}
+
 /// The MIG capability minors file Prepare reads, checked when a GPU is MIG-capable: it must list
 /// an access minor for each such GPU. Simulated GPUs have no NVIDIA driver: when the file is
 /// missing they get a simulated one in the state folder.
@@ -158,6 +167,9 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
     // The event watch sees a lost GPU as lost; publication and Prepare see it as last seen.
     let backend: Arc<dyn GpuBackend> = Arc::new(crate::gpu_health::keep_lost::KeepingLost::new(watched.clone()));
     let gpu_health = Arc::new(crate::gpu_health::GpuHealth::load(&g.health_file, a.ignore_xids.clone()));
+    // The folders Prepare writes to, checked now rather than at the first claim.
+    writable_folder("--cdi-dir", &a.cdi_dir)?;
+    writable_folder("--dra-state-dir", &a.dra_state_dir)?;
     let states = backend.observe_all().map_err(|e| anyhow::anyhow!("reading the GPUs: {e}"))?;
     let cfg = DriverConfig {
         pool: node.clone(),
