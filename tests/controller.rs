@@ -140,6 +140,14 @@ fn dry_run_reports_what_it_would_do_and_changes_nothing() {
         rig.api.writes_by("gpupart-controller")
     );
     assert_eq!(rig.pod("serving", "small-0").0, "Pending");
+    // Batch after batch decides the same, and it is told once.
+    let batches = |r: &Rig| value(&r.metrics("c1"), "gpupart_controller_batches_total").unwrap_or(0.0);
+    let after = batches(&rig);
+    rig.wait("three more batches", 60, |r| batches(r) >= after + 3.0);
+    let told: Vec<(String, String, String)> =
+        rig.api.events().into_iter().filter(|(_, r, _)| r == "WillRepartition").collect();
+    assert_eq!(told.iter().filter(|(n, _, _)| n == "small-0").count(), 1, "{told:?}");
+    assert_eq!(told.iter().filter(|(n, _, _)| n.starts_with("gpu-")).count(), 1, "{told:?}");
 }
 
 #[test]
@@ -600,4 +608,36 @@ fn nodes_running_the_dra_plugin_are_never_repartitioned() {
     assert!(log.contains("labelled gpupart.io/dra=true"), "{log}");
     assert_eq!(log.matches("leaving node gpu-b-dra-plugin alone").count(), 1, "{log}");
     assert!(log.contains("its DRA plugin (driver gpu.gpupart.io) publishes its devices"), "{log}");
+}
+
+/// A `--layouts-configmap` that names no ConfigMap (a typo) is warned of at start, and its
+/// creation at the first change is logged.
+#[test]
+fn a_layouts_configmap_that_does_not_exist_is_warned_of_at_start_and_its_creation_logged() {
+    use serde_json::json;
+    use support::controller_rig::{agent_annotations, CONFIG, STATE};
+    let api = std::sync::Arc::new(support::apiserver::ApiServer::empty());
+    api.put(
+        "configmaps",
+        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
+    );
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": "gpu-a", "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
+               "annotations": agent_annotations()}, "spec": {}}),
+    );
+    let mut p = gpu_pod("serving", "mid-0", "nvidia.com/mig-4g.40gb", 1, false);
+    p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
+    api.put("pods", p);
+    let rig = Rig::bare(api.clone());
+    let typo = format!("{}/gpupart-confg", LAYOUTS.0);
+    let _c = rig.controller_as("ctl", "ctl", &["--layouts-configmap", &typo]);
+    rig.wait("gpu-a changes", 60, |r| r.api.node_label("gpu-a", LAYOUT).as_deref() != Some("all-3g.40gb"));
+    let log = rig.log("ctl");
+    assert!(log.contains(&format!("ConfigMap {typo} does not exist: the agents read their layouts from it")), "{log}");
+    assert!(log.contains(&format!("creating ConfigMap {typo} with the controller's layouts")), "{log}");
+    assert!(
+        log.find("does not exist").unwrap() < log.find("creating ConfigMap").unwrap(),
+        "warned of before it was created: {log}"
+    );
 }

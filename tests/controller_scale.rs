@@ -145,3 +145,22 @@ fn a_leader_whose_lease_writes_are_refused_stops_writing_before_another_takes_ov
     let log = rig.log("replica-a");
     assert!(log.contains("stopped leading: the Lease was not renewed within the renew deadline"), "{log}");
 }
+
+/// A leader stopped with SIGTERM (a rolling update, a drained node) gives the Lease up, as
+/// client-go's `ReleaseOnCancel` does: the standby leads within its retry period instead of
+/// waiting out the lease duration (60 s here).
+#[test]
+fn a_leader_stopped_with_sigterm_releases_the_lease_to_the_standby() {
+    let api = cluster(5, 0);
+    let rig = Rig::bare(api.clone());
+    let flags = ["--lease-duration", "60s"];
+    let a = rig.controller_as("replica-a", "replica-a", &flags);
+    rig.wait("replica-a holds the Lease", 60, |r| lease(&r.api).is_some_and(|(h, _)| h == "replica-a"));
+    let _b = rig.controller_as("replica-b", "replica-b", &flags);
+    rig.wait("replica-b stands by", 30, |r| r.log("replica-b").contains("standing by"));
+    std::process::Command::new("kill").args(["-TERM", &a.0.id().to_string()]).status().unwrap();
+    rig.wait("replica-a releases the Lease", 30, |r| r.log("replica-a").contains("released the Lease"));
+    // Well within the 60 s the Lease would otherwise hold.
+    rig.wait("replica-b takes the Lease", 30, |r| lease(&r.api).is_some_and(|(h, _)| h == "replica-b"));
+    assert_eq!(lease(&api).map(|(_, t)| t), Some(1), "one transition");
+}

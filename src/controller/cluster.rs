@@ -253,6 +253,7 @@ impl Cluster {
                 api.patch(&self.layouts.name, &pp, &Patch::Merge(&patch)).await.map(|_| ())
             }
             None => {
+                tracing::info!(configmap = %self.layouts, "creating ConfigMap {} with the controller's layouts", self.layouts);
                 let cm = ConfigMap {
                     metadata: ObjectMeta {
                         name: Some(self.layouts.name.clone()),

@@ -70,6 +70,24 @@ impl Elector {
         self.holder.as_deref()
     }
 
+    /// Gives the Lease up, as client-go's leader election does on cancel (`ReleaseOnCancel`): the
+    /// holder emptied, a duration of one second, so the next replica takes it at once instead of
+    /// waiting out the duration. Returns whether this replica held it.
+    pub async fn release(&mut self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else { return Ok(false) };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(false);
+        }
+        let now = MicroTime(Timestamp::now());
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(now.clone());
+        spec.acquire_time = Some(now);
+        let pp = PostParams { field_manager: Some(crate::kube::keys::FIELD_MANAGER.into()), ..Default::default() };
+        self.api.replace(&self.name, &pp, &lease).await.map(|_| true)
+    }
+
     /// Tries to acquire or renew the Lease once; returns whether this replica holds it.
     pub async fn try_lead(&mut self) -> Result<bool, kube::Error> {
         let now = Timestamp::now();
@@ -133,6 +151,7 @@ impl Elector {
 pub struct Leadership {
     state: Arc<Mutex<Seen>>,
     deadline: Duration,
+    task: Arc<Mutex<Option<tokio::task::AbortHandle>>>,
 }
 
 #[derive(Default)]
@@ -147,9 +166,9 @@ impl Leadership {
     pub fn spawn(mut elector: Elector, changed: tokio::sync::mpsc::Sender<()>) -> Self {
         let duration = elector.duration;
         let retry = (duration / 10).max(Duration::from_millis(200));
-        let me = Self { state: Arc::default(), deadline: duration.mul_f64(2.0 / 3.0) };
+        let me = Self { state: Arc::default(), deadline: duration.mul_f64(2.0 / 3.0), task: Arc::default() };
         let shared = me.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 let was = shared.leads();
                 let started = Instant::now();
@@ -179,7 +198,18 @@ impl Leadership {
                 tokio::time::sleep(retry.saturating_sub(started.elapsed())).await;
             }
         });
+        *me.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
         me
+    }
+
+    /// Stops renewing and leading (the replica is shutting down); returns whether it led.
+    pub fn stop(&self) -> bool {
+        if let Some(t) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            t.abort();
+        }
+        let led = self.leads();
+        self.lock().renewed = None;
+        led
     }
 
     /// Whether this replica leads now: its last renewal is younger than the renew deadline.

@@ -51,6 +51,8 @@ struct Memory {
     paused: bool,
     /// The defragmenter (`--defrag`).
     defrag: Option<super::defrag::Defrag>,
+    /// With `--dry-run`: per node, the decision last reported (the same one is not told again).
+    dry_told: BTreeMap<String, String>,
     /// Nodes running the DRA plugin, told as left alone.
     dra_nodes: BTreeSet<String>,
     /// Each node's best change for what waits there, as last judged (unchanged nodes are not
@@ -96,10 +98,21 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         dry_run = a.dry_run,
         "watching nodes and pods"
     );
+    // The agents read their layouts from this ConfigMap (their --config-map): one that does not
+    // exist is most often a mistyped --layouts-configmap, which the agents would never read.
+    match cluster.layouts().await {
+        Ok(l) if l.resource_version.is_none() => tracing::warn!(
+            configmap = %a.layouts_configmap,
+            "ConfigMap {} does not exist: the agents read their layouts from it (their --config-map); it is created with the controller's layouts at the first change; check --layouts-configmap",
+            a.layouts_configmap
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, configmap = %a.layouts_configmap, "cannot read the layouts ConfigMap yet"),
+    }
     health.set_ready();
     // The Lease is renewed on its own clock, whatever a batch or a write waits on.
     let (lead_tx, mut lead_rx) = mpsc::channel::<()>(1);
-    let elector = Elector::new(client, &a.lease.namespace, &a.lease.name, &me, a.lease_duration);
+    let elector = Elector::new(client.clone(), &a.lease.namespace, &a.lease.name, &me, a.lease_duration);
     let leadership = Leadership::spawn(elector, lead_tx);
     let (events_client, events_identity) = (cluster.client(), cluster.identity().to_string());
     cluster.events().serve(leadership.clone(), metrics.clone(), move |e| {
@@ -155,6 +168,19 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
         }
     }
     tracing::info!("shutting down");
+    // A leader gives the Lease up, so the next replica leads at once rather than after the
+    // lease duration.
+    if leadership.stop() {
+        let mut elector = Elector::new(client, &a.lease.namespace, &a.lease.name, &me, a.lease_duration);
+        match tokio::time::timeout(Duration::from_secs(2), elector.release()).await {
+            Ok(Ok(true)) => tracing::info!(lease = %a.lease, "released the Lease for the next replica"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not release the Lease; the next replica waits for it to expire")
+            }
+            Err(_) => tracing::warn!("releasing the Lease took too long; the next replica waits for it to expire"),
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -417,6 +443,13 @@ async fn carry_out(
         let (reason, words) = verb(&d.kind, a.dry_run);
         let shown = layout.name().unwrap_or("none").to_string();
         let note = format!("{words} node {}: {} (layout {shown})", d.node, d.change);
+        // A dry run changes nothing, so the next batches decide the same again: told once.
+        if a.dry_run && memory.dry_told.get(&d.node) == Some(&note) {
+            continue;
+        }
+        if a.dry_run {
+            memory.dry_told.insert(d.node.clone(), note.clone());
+        }
         if !a.dry_run {
             if let Err(e) = patch_node(cluster, node, d, layout.name(), now, pools).await {
                 tracing::warn!(node = %d.node, error = %format!("{e:#}"), "not done, the node patch was refused ({note}); the next batch decides again");
