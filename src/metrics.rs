@@ -46,19 +46,28 @@ pub struct Metrics {
     workload: G,
     node: NodeGauges,
     collect: CollectGauges,
-    agent: AgentGauges,
+    agent: Option<AgentGauges>,
     mps_up: G,
     mps_clients: G,
     mps_slots: G,
     mps_thread_pct: G,
     mps_mem_limit: G,
     mps_restarts: Family<Labels, Counter>,
-    pod_resources_up: Gauge<f64, AtomicU64>,
+    pod_resources_up: Option<Gauge<f64, AtomicU64>>,
     reconfigurations: Family<Labels, Counter>,
     durations: Family<Labels, Histogram>,
     nvml_errors: Family<Labels, Counter>,
     dra: Option<crate::dra::metrics::DraMetrics>,
     health: crate::gpu_health::metrics::HealthMetrics,
+}
+
+/// Which process the families are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The label-driven agent; `pod_resources` in Kubernetes mode.
+    Label { pod_resources: bool },
+    /// `gpupart agent --dra`.
+    Dra,
 }
 
 /// The node's fragmentation figures, one metric each (docs/metrics.md).
@@ -109,23 +118,26 @@ impl crate::http::Exposition for Metrics {
 }
 
 impl Metrics {
-    /// Registers every family, for real GPUs.
+    /// Registers every family of the label-driven agent in Kubernetes mode, for real GPUs.
     pub fn new() -> Self {
-        Self::for_backend(false)
+        Self::for_agent(false, true)
     }
 
-    /// Registers every family; `gpupart_build_info` carries `simulated="true"` when the GPUs are
-    /// the simulator's.
-    pub fn for_backend(simulated: bool) -> Self {
-        Self::build(simulated, false)
+    /// Registers the label-driven agent's families; `gpupart_build_info` carries
+    /// `simulated="true"` when the GPUs are the simulator's; `pod_resources`: the agent reads the
+    /// kubelet's PodResources (Kubernetes mode), so `gpupart_pod_resources_up` is exported.
+    pub fn for_agent(simulated: bool, pod_resources: bool) -> Self {
+        Self::build(simulated, Mode::Label { pod_resources })
     }
 
-    /// Registers every family and the DRA plugin's (`gpupart agent --dra`).
+    /// Registers the DRA plugin's families (`gpupart agent --dra`): the GPU, fragmentation,
+    /// health and DRA ones; not the label agent's state machine nor PodResources, which it has not.
     pub fn for_dra(simulated: bool) -> Self {
-        Self::build(simulated, true)
+        Self::build(simulated, Mode::Dra)
     }
 
-    fn build(simulated: bool, dra: bool) -> Self {
+    fn build(simulated: bool, mode: Mode) -> Self {
+        let dra = mode == Mode::Dra;
         let mut r = Registry::with_prefix("gpupart");
         let info = Info::new(vec![
             ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
@@ -179,7 +191,7 @@ impl Metrics {
             duration: gauge(&mut r, "last_collect_duration_seconds", "Duration of the last metrics collection"),
             timestamp: gauge(&mut r, "last_collect_timestamp_seconds", "Unix time of the last successful collection"),
         };
-        let agent = AgentGauges {
+        let agent = matches!(mode, Mode::Label { .. }).then(|| AgentGauges {
             state: g(&mut r, "agent_state", "The agent's state (one series per state, 1 for the current one)"),
             attempts: gauge(
                 &mut r,
@@ -192,10 +204,12 @@ impl Metrics {
                 "agent_last_success_timestamp_seconds",
                 "Unix time the requested layout was last found applied (0 before the first success)",
             ),
-        };
-        r.register("agent_failures", "Failed reconciles by reason category", agent.failures.clone());
-        for f in crate::agent::status::Failure::ALL {
-            let _ = agent.failures.get_or_create(&l(&[("reason", f.as_str())]));
+        });
+        if let Some(agent) = &agent {
+            r.register("agent_failures", "Failed reconciles by reason category", agent.failures.clone());
+            for f in crate::agent::status::Failure::ALL {
+                let _ = agent.failures.get_or_create(&l(&[("reason", f.as_str())]));
+            }
         }
         let mps_up = g(&mut r, "mps_daemon_up", "1 while the GPU's MPS control daemon answers its health round trip");
         let mps_clients = g(&mut r, "mps_clients", "Clients connected to the GPU's MPS server");
@@ -210,12 +224,15 @@ impl Metrics {
             "MPS daemons restarted after they died or hung, by result",
             mps_restarts.clone(),
         );
-        let pod_resources_up = Gauge::<f64, AtomicU64>::default();
-        r.register(
-            "pod_resources_up",
-            "1 while the kubelet's PodResources socket answers (allocations count as busy), 0 when it does not",
-            pod_resources_up.clone(),
-        );
+        let pod_resources_up = matches!(mode, Mode::Label { pod_resources: true }).then(|| {
+            let g = Gauge::<f64, AtomicU64>::default();
+            r.register(
+                "pod_resources_up",
+                "1 while the kubelet's PodResources socket answers (allocations count as busy), 0 when it does not",
+                g.clone(),
+            );
+            g
+        });
         let reconfigurations = Family::<Labels, Counter>::default();
         r.register("reconfigurations", "GPU changes by kind and result", reconfigurations.clone());
         let durations = Family::<Labels, Histogram>::new_with_constructor(|| {
@@ -301,18 +318,19 @@ impl Metrics {
     pub fn agent_status(&self, st: &crate::agent::status::AgentStatus) {
         use crate::agent::status::Phase;
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(agent) = &self.agent else { return };
         for p in [Phase::Idle, Phase::Pending, Phase::Rebooting, Phase::Success, Phase::Failed] {
             let on = if p == st.state { 1.0 } else { 0.0 };
-            self.agent.state.get_or_create(&l(&[("state", p.as_str())])).set(on);
+            agent.state.get_or_create(&l(&[("state", p.as_str())])).set(on);
         }
-        self.agent.attempts.set(f64::from(st.attempts));
+        agent.attempts.set(f64::from(st.attempts));
         match st.state {
             Phase::Failed => {
                 let reason = st.failure.map_or("other", |f| f.as_str());
-                self.agent.failures.get_or_create(&l(&[("reason", reason)])).inc();
+                agent.failures.get_or_create(&l(&[("reason", reason)])).inc();
             }
             Phase::Success => {
-                self.agent.last_success.set(unix_now());
+                agent.last_success.set(unix_now());
             }
             _ => {}
         }
@@ -320,7 +338,9 @@ impl Metrics {
 
     /// Whether the last PodResources read succeeded.
     pub fn pod_resources_readable(&self, ok: bool) {
-        self.pod_resources_up.set(if ok { 1.0 } else { 0.0 });
+        if let Some(g) = &self.pod_resources_up {
+            g.set(if ok { 1.0 } else { 0.0 });
+        }
     }
 
     /// Counts one restart of an MPS daemon.

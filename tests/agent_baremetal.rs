@@ -26,7 +26,11 @@ fn follows_the_layout_file(b: Backend) {
     node.run(&["assert", "-f", &cfg, "-c", "all-balanced"]).ok();
     assert!(agent.get("/healthz").starts_with("HTTP/1.1 200"));
     assert!(agent.get("/readyz").starts_with("HTTP/1.1 200"));
-    assert!(agent.get("/metrics").contains("gpupart_build_info"));
+    let metrics = agent.get("/metrics");
+    assert!(metrics.contains("gpupart_build_info"));
+    // Bare metal reads no PodResources: no gauge that would say it is down.
+    assert!(!metrics.contains("gpupart_pod_resources_up"), "{metrics}");
+    assert!(metrics.contains("gpupart_agent_state{state=\"success\"} 1"), "{metrics}");
 
     std::fs::write(&layout, "mixed-3g-2g\n").unwrap();
     let s = agent.wait_for("success", "mixed-3g-2g");

@@ -175,3 +175,40 @@ fn unusable_cdi_and_state_folders_stop_the_plugin_at_start_saying_so_once() {
         assert!(rig.slices().is_empty(), "slices were published");
     }
 }
+
+#[test]
+fn the_plugin_exports_only_metrics_that_mean_something_in_dra_mode() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.wait_slices("the pool", |s| !s.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let m = rig.get("/metrics");
+        if m.contains("gpupart_dra_published_devices") {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The label agent's state machine and PodResources are not the plugin's: none of it.
+    for absent in [
+        "gpupart_agent_state",
+        "gpupart_agent_attempts",
+        "gpupart_agent_failures",
+        "gpupart_agent_last_success",
+        "gpupart_pod_resources_up",
+    ] {
+        assert!(!metrics.contains(absent), "{absent} exported in DRA mode:\n{metrics}");
+    }
+    for present in ["gpupart_build_info", "gpupart_gpu_info", "gpupart_node_unallocated_gpus", "gpupart_gpu_healthy"] {
+        assert!(metrics.contains(present), "{present} missing:\n{metrics}");
+    }
+}
+
+#[test]
+fn a_plugin_not_allowed_to_read_its_node_says_so_at_start() {
+    let rig = stopped_rig();
+    rig.api.change(|s| s.fail.push(("GET".into(), "/api/v1/nodes/".into(), 403)));
+    let (code, log) = rig.try_start(&[], 30);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("refuses to let the plugin read Node") && log.contains("ClusterRole"), "{log}");
+}

@@ -133,7 +133,7 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
     };
     let raw: Arc<dyn GpuBackend> = Arc::from(crate::backend::open(g)?);
     let raw_simulated = raw.is_simulated();
-    let metrics = Arc::new(crate::metrics::Metrics::for_backend(raw_simulated));
+    let metrics = Arc::new(crate::metrics::Metrics::for_agent(raw_simulated, !a.no_kube));
     let gpu_health = Arc::new(crate::gpu_health::GpuHealth::load(&g.health_file, a.ignore_xids.clone()));
     let mps = crate::mps::Mps::from_args(g);
     let watched: Arc<dyn GpuBackend> = Arc::new(crate::metrics::Instrumented::new(raw, metrics.clone()));
