@@ -564,32 +564,18 @@ fn an_unhealthy_gpu_is_not_recut_and_the_waiting_pod_is_told_until_the_operator_
 /// layout there, says once why, and serves the waiting pods on the other node.
 #[test]
 fn nodes_running_the_dra_plugin_are_never_repartitioned() {
-    use serde_json::json;
-    use support::controller_rig::{agent_annotations, CONFIG, STATE};
-    let api = std::sync::Arc::new(support::apiserver::ApiServer::empty());
-    api.put(
-        "configmaps",
-        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
-    );
-    let node = |name: &str, label: Option<(&str, &str)>, annotation: Option<(&str, &str)>| {
-        let mut labels = json!({LAYOUT: "all-3g.40gb", STATE: "success"});
-        let mut annotations = agent_annotations();
-        if let Some((k, v)) = label {
-            labels[k] = json!(v);
-        }
-        if let Some((k, v)) = annotation {
-            annotations[k] = json!(v);
-        }
-        json!({"metadata": {"name": name, "labels": labels, "annotations": annotations}, "spec": {}})
-    };
-    api.put("nodes", node("gpu-a-dra-label", Some(("gpupart.io/dra", "true")), None));
-    api.put("nodes", node("gpu-b-dra-plugin", None, Some(("gpupart.io/dra-driver", "gpu.gpupart.io"))));
-    api.put("nodes", node("gpu-c", None, None));
+    use support::controller_rig::{agent_node, layouts_api, unschedulable};
+    let api = layouts_api();
+    let mut labelled = agent_node("gpu-a-dra-label");
+    labelled["metadata"]["labels"]["gpupart.io/dra"] = serde_json::json!("true");
+    let mut annotated = agent_node("gpu-b-dra-plugin");
+    annotated["metadata"]["annotations"]["gpupart.io/dra-driver"] = serde_json::json!("gpu.gpupart.io");
+    for n in [labelled, annotated, agent_node("gpu-c")] {
+        api.put("nodes", n);
+    }
     // More 4g.40gb pods than one node of 8 GPUs holds: a second node would change if it could.
     for k in 0..10 {
-        let mut p = gpu_pod("serving", &format!("mid-{k}"), "nvidia.com/mig-4g.40gb", 1, false);
-        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
-        api.put("pods", p);
+        api.put("pods", unschedulable(&format!("mid-{k}"), "nvidia.com/mig-4g.40gb"));
     }
     let rig = Rig::bare(api.clone());
     let _c = rig.controller_as("ctl", "ctl", &[]);
@@ -614,21 +600,10 @@ fn nodes_running_the_dra_plugin_are_never_repartitioned() {
 /// creation at the first change is logged.
 #[test]
 fn a_layouts_configmap_that_does_not_exist_is_warned_of_at_start_and_its_creation_logged() {
-    use serde_json::json;
-    use support::controller_rig::{agent_annotations, CONFIG, STATE};
-    let api = std::sync::Arc::new(support::apiserver::ApiServer::empty());
-    api.put(
-        "configmaps",
-        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
-    );
-    api.put(
-        "nodes",
-        json!({"metadata": {"name": "gpu-a", "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
-               "annotations": agent_annotations()}, "spec": {}}),
-    );
-    let mut p = gpu_pod("serving", "mid-0", "nvidia.com/mig-4g.40gb", 1, false);
-    p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
-    api.put("pods", p);
+    use support::controller_rig::{agent_node, layouts_api, unschedulable};
+    let api = layouts_api();
+    api.put("nodes", agent_node("gpu-a"));
+    api.put("pods", unschedulable("mid-0", "nvidia.com/mig-4g.40gb"));
     let rig = Rig::bare(api.clone());
     let typo = format!("{}/gpupart-confg", LAYOUTS.0);
     let _c = rig.controller_as("ctl", "ctl", &["--layouts-configmap", &typo]);

@@ -10,8 +10,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::apiserver::ApiServer;
-use support::controller_rig::{agent_annotations, Rig, CONFIG, LAYOUT, LAYOUTS, STATE};
-use support::scheduler::gpu_pod;
+use support::controller_rig::{agent_node, layouts_api, unschedulable, Rig, LAYOUT, LAYOUTS};
 
 /// Nodes and pods of the run: enough that deciding and writing take longer than the Lease.
 const NODES: usize = 1000;
@@ -34,22 +33,14 @@ fn metric(text: &str, name: &str) -> u64 {
 /// The layouts ConfigMap, `nodes` nodes carrying what their agents publish and `pods` pending
 /// `nvidia.com/mig-1g.10gb` pods the scheduler found no room for.
 fn cluster(nodes: usize, pods: usize) -> Arc<ApiServer> {
-    let api = Arc::new(ApiServer::empty());
-    api.put(
-        "configmaps",
-        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
-    );
+    let api = layouts_api();
     for k in 0..nodes {
-        api.put(
-            "nodes",
-            json!({"metadata": {"name": format!("gpu-{k:04}"), "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
-                   "annotations": agent_annotations()}, "spec": {}}),
-        );
+        api.put("nodes", agent_node(&format!("gpu-{k:04}")));
     }
     for k in 0..pods {
-        let mut p = gpu_pod("serving", &format!("small-{k:03}"), "nvidia.com/mig-1g.10gb", 1, false);
-        p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": format!("0/{nodes} nodes are available: {nodes} Insufficient nvidia.com/mig-1g.10gb.")}]);
+        let mut p = unschedulable(&format!("small-{k:03}"), "nvidia.com/mig-1g.10gb");
+        p["status"]["conditions"][0]["message"] =
+            json!(format!("0/{nodes} nodes are available: {nodes} Insufficient nvidia.com/mig-1g.10gb."));
         api.put("pods", p);
     }
     api

@@ -345,3 +345,27 @@ pub fn agent_annotations() -> serde_json::Value {
         "gpupart.io/state-layout": "all-3g.40gb",
     })
 }
+
+/// An API test server holding the layouts ConfigMap as shipped ([`CONFIG`]), for [`Rig::bare`].
+pub fn layouts_api() -> Arc<ApiServer> {
+    let api = Arc::new(ApiServer::empty());
+    api.put(
+        "configmaps",
+        json!({"metadata": {"namespace": LAYOUTS.0, "name": LAYOUTS.1}, "data": {"config.yaml": CONFIG}}),
+    );
+    api
+}
+
+/// A Node without an agent process carrying what its agent publishes ([`agent_annotations`]),
+/// settled at `all-3g.40gb`.
+pub fn agent_node(name: &str) -> Value {
+    json!({"metadata": {"name": name, "labels": {LAYOUT: "all-3g.40gb", STATE: "success"},
+           "annotations": agent_annotations()}, "spec": {}})
+}
+
+/// A pending pod in `serving` asking one `resource`, which the scheduler found no room for.
+pub fn unschedulable(name: &str, resource: &str) -> Value {
+    let mut p = super::scheduler::gpu_pod("serving", name, resource, 1, false);
+    p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]);
+    p
+}
