@@ -457,3 +457,26 @@ fn pauses_gpu_clients_and_always_restores_them() {
         assert_eq!(s.last_writer.get(key).map(String::as_str), Some("gpupart"), "{key}");
     }
 }
+
+/// `--node-name` naming a Node the cluster does not have: the agent stops at start with one line
+/// naming the node and the server, and writes nothing (no endless patching of a missing Node).
+#[test]
+fn an_agent_whose_node_does_not_exist_stops_at_start_and_writes_nothing() {
+    let node = Node::with(Backend::Sim, "A100-SXM4-80GB:1");
+    let api = ApiServer::empty();
+    let log = node.dir.path().join("agent.log");
+    let mut agent = start_logging(&node, &api, &[], &log);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = agent.0.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(Instant::now() < deadline, "still running: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(1), "{text}");
+    assert_eq!(text.matches(&format!("node {NODE} does not exist at http")).count(), 1, "{text}");
+    let writes: Vec<(String, String)> = api.store().requests.iter().filter(|(m, _)| m != "GET").cloned().collect();
+    assert!(writes.is_empty(), "{writes:?}");
+}

@@ -153,7 +153,13 @@ pub fn run(g: &GpuOptions, a: &AgentArgs) -> anyhow::Result<ExitCode> {
         let mode = match file_source {
             Some(src) => Mode::File(src),
             None => {
-                let client = crate::kube::client().await?;
+                let (client, server) = crate::kube::client_and_server().await?;
+                // A Node that does not exist is a wrong --node-name, not an outage to wait out;
+                // an API server that does not answer yet is left to the watch's retries.
+                let nodes: ::kube::Api<k8s_openapi::api::core::v1::Node> = ::kube::Api::all(client.clone());
+                if let Ok(Ok(None)) = tokio::time::timeout(Duration::from_secs(5), nodes.get_opt(&node)).await {
+                    bail!("{}", crate::kube::node::missing(&node, &server));
+                }
                 let (ctx, mut crx) = mpsc::channel::<()>(8);
                 let keys = vec![
                     a.label_key.clone(),

@@ -142,9 +142,7 @@ async fn node_uid(client: &kube::Client, node: &str, server: &str) -> anyhow::Re
                 outage.ok();
                 return n.metadata.uid.with_context(|| format!("the Node {node} has no uid"));
             }
-            Ok(None) => anyhow::bail!(
-                "node {node} does not exist at {server}: --node-name (or NODE_NAME) must name this node's Node"
-            ),
+            Ok(None) => anyhow::bail!("{}", crate::kube::node::missing(node, server)),
             // The server answered: not allowed is a setup to fix, not an outage to wait out.
             Err(kube::Error::Api(e)) if e.code == 401 || e.code == 403 => anyhow::bail!(
                 "{server} refuses to let the plugin read Node {node} ({}): grant it the ClusterRole in deploy/dra/daemonset.yaml",

@@ -100,3 +100,8 @@ pub async fn remove_annotation(client: &kube::Client, node: &str, key: &str) {
         tracing::warn!(error = %e, annotation = key, "removing the annotation failed");
     }
 }
+
+/// What a start says when this node's Node does not exist (a wrong `--node-name`).
+pub fn missing(node: &str, server: &str) -> String {
+    format!("node {node} does not exist at {server}: --node-name (or NODE_NAME) must name this node's Node")
+}
