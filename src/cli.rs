@@ -608,12 +608,12 @@ pub fn parse_second_or_more(s: &str) -> Result<std::time::Duration, String> {
 fn at_least(s: &str, min: std::time::Duration) -> Result<std::time::Duration, String> {
     let d = parse_duration(s)?;
     if d < min {
-        return Err(format!("'{s}' is too short: at least {}", humantime_ms(min)));
+        return Err(format!("'{s}' is too short: at least {}", duration_words(min)));
     }
     Ok(d)
 }
 
-fn humantime_ms(d: std::time::Duration) -> String {
+fn duration_words(d: std::time::Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{}s", d.as_secs())
     } else {

@@ -50,10 +50,7 @@ impl Pending {
     }
 
     fn same(&self, other: &Pending) -> bool {
-        self.reason == other.reason
-            && self.regarding.namespace == other.regarding.namespace
-            && self.regarding.name == other.regarding.name
-            && self.regarding.kind == other.regarding.kind
+        self.key() == other.key()
     }
 }
 

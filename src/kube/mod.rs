@@ -18,28 +18,26 @@ pub const USER_AGENT: &str = concat!("gpupart/", env!("CARGO_PKG_VERSION"));
 /// A client from the kubeconfig or the in-cluster service account whose every request names
 /// gpupart in its `User-Agent`, so an operator can tell its writes in audit logs.
 pub async fn client() -> anyhow::Result<::kube::Client> {
-    client_with(true).await
+    Ok(client_with(true).await?.0)
 }
 
 /// The same client without kube's retries of `429 Too Many Requests`: for evictions, where a 429
 /// is a PodDisruptionBudget's answer that the caller must see at once (kube would otherwise retry
 /// it for minutes, blind to whether the plan still holds).
 pub async fn client_without_retries() -> anyhow::Result<::kube::Client> {
-    client_with(false).await
+    Ok(client_with(false).await?.0)
 }
 
 /// A client as [`client`] gives, and the API server's URL it talks to (for messages).
 pub async fn client_and_server() -> anyhow::Result<(::kube::Client, String)> {
+    client_with(true).await
+}
+
+async fn client_with(retries: bool) -> anyhow::Result<(::kube::Client, String)> {
     use anyhow::Context;
     let config = ::kube::Config::infer().await.context("reading the Kubernetes client configuration")?;
     let server = config.cluster_url.to_string();
-    Ok((client_from(config, true)?, server))
-}
-
-async fn client_with(retries: bool) -> anyhow::Result<::kube::Client> {
-    use anyhow::Context;
-    let config = ::kube::Config::infer().await.context("reading the Kubernetes client configuration")?;
-    client_from(config, retries)
+    Ok((client_from(config, retries)?, server))
 }
 
 /// A client from `config`, naming gpupart in its `User-Agent`, with or without kube's retries of

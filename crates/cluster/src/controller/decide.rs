@@ -651,7 +651,8 @@ fn decide_batch(world: &World, opts: &Options, memo: &mut Memo) -> Outcome {
         for &i in changeable.iter().filter(|i| !taken.contains(i)) {
             let c = &cands[i];
             // A node alike one judged before it scores as that one did, and ties keep the first.
-            if plain && !judged.insert(alike(c, pools)) {
+            let state = states[i].get_or_insert_with(|| gpu_state(c)).clone();
+            if plain && !judged.insert(alike(c, &state, pools)) {
                 continue;
             }
             // Only pods that could land here apart from their GPUs count for this node. When no
@@ -693,8 +694,7 @@ fn decide_batch(world: &World, opts: &Options, memo: &mut Memo) -> Outcome {
             // Nodes that hold the same GPUs, layout and ledger and see the same queue (whoever is
             // in it) repartition alike: within a batch the first stands for the rest (ties keep
             // it), and across batches the judgement is remembered.
-            let state = states[i].get_or_insert_with(|| gpu_state(c));
-            let key = format!("{state}|{}", waiting.shape());
+            let key = format!("{state}|{}|{}", opts.mps_replicas, waiting.shape());
             if !repartitions.insert(key.clone()) {
                 continue;
             }
@@ -1067,10 +1067,10 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools
 /// What decides a node's scores in a batch where no waiting pod names nodes (no node selector,
 /// required node terms or inter-pod terms, and no bound pod with anti-affinity): its model, GPUs,
 /// current layout, ledger, pool, reservation, taints and room. Nodes that share it score alike.
-fn alike(c: &Candidate, pools: &Pools) -> String {
+fn alike(c: &Candidate, state: &str, pools: &Pools) -> String {
     format!(
         "{}|{}|{}|{}|{:?}|{:?}",
-        gpu_state(c),
+        state,
         c.ledger.pods.is_empty(),
         c.node.is_dedicated(pools),
         is_reserved(c, pools),
