@@ -272,6 +272,14 @@ fn a_burst_of_200_pending_pods_is_handled_in_a_few_batches() {
     for i in 0..200 {
         rig.api.put("pods", gpu_pod("burst", &format!("p-{i:03}"), "nvidia.com/mig-1g.10gb", 1, false));
     }
+    // The scheduler stand-in marks each pod unschedulable in its own time; the controller serves
+    // what the scheduler has given up on, so the switch waits for all 200 to be marked.
+    rig.wait("the scheduler marks all 200 pods unschedulable", 120, |r| {
+        (0..200).all(|i| {
+            let p = r.api.get("pods", "burst", &format!("p-{i:03}")).unwrap_or_default();
+            p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["reason"] == "Unschedulable")
+        })
+    });
     switch(&rig, true);
     rig.wait("all 200 pods run", 120, |r| (0..200).all(|i| r.pod("burst", &format!("p-{i:03}")).0 == "Running"));
     let batches = rig.log("c1").lines().filter(|l| l.contains("batch decided")).count();
