@@ -257,6 +257,20 @@ fn the_off_switch_pauses_the_controller() {
 }
 
 #[test]
+fn with_defrag_on_a_server_without_resource_v1_the_controller_says_so_and_still_serves_pods() {
+    let rig = busy_cluster();
+    // Kubernetes 1.33: resource.k8s.io in beta versions only, so no ResourceClaim watch can start.
+    rig.api.serve_release(support::served::Served::v1_33());
+    let _c = rig.controller("c1", &["--defrag"]);
+    rig.wait("c1 watches", 30, |r| r.log("c1").contains("watching nodes and pods"));
+    let log = rig.log("c1");
+    let line = log.lines().find(|l| l.contains("resource.k8s.io/v1")).unwrap_or_else(|| panic!("not said:\n{log}"));
+    assert!(line.contains("WARN") && line.contains("DRA claims are not watched") && line.contains("v1beta2"), "{line}");
+    rig.api.put("pods", gpu_pod("serving", "small-0", "nvidia.com/mig-1g.10gb", 1, false));
+    rig.wait("the pod is served", 60, |r| r.pod("serving", "small-0").0 == "Running");
+}
+
+#[test]
 fn a_burst_of_200_pending_pods_is_handled_in_a_few_batches() {
     let names: Vec<String> = (0..16).map(|i| format!("gpu-{i:02}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();

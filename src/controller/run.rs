@@ -60,6 +60,25 @@ struct Memory {
     memo: super::memo::Memo,
 }
 
+/// Whether the API server serves `resource.k8s.io/v1`, which `--defrag` watches for DRA claims;
+/// where it does not (before Kubernetes 1.34), says so once and leaves claims unwatched.
+async fn dra_served(client: &kube::Client) -> bool {
+    match crate::kube::group_versions(client, "resource.k8s.io").await {
+        Ok(v) if v.iter().any(|v| v == "v1") => true,
+        Ok(v) => {
+            tracing::warn!(
+                served = %v.join(", "),
+                "the API server does not serve resource.k8s.io/v1 (Kubernetes 1.34 and later): --defrag moves device-plugin pods only, DRA claims are not watched"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the API server's discovery: watching DRA claims as if resource.k8s.io/v1 were served");
+            true
+        }
+    }
+}
+
 async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
     let client = crate::kube::client().await?;
     let metrics = Arc::new(ControllerMetrics::new());
@@ -76,13 +95,14 @@ async fn main(a: ControllerArgs) -> anyhow::Result<ExitCode> {
 
     let me = identity(&a);
     let (tx, mut rx) = mpsc::channel::<()>(1);
+    let dra = a.defrag.defrag && dra_served(&client).await;
     let cluster = Cluster::start(
         client.clone(),
         a.layouts_configmap.clone(),
         me.clone(),
         tx,
         a.mps_resource.clone(),
-        a.defrag.defrag,
+        dra,
         a.events_per_batch as usize,
     );
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;

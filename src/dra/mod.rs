@@ -5,8 +5,9 @@
 //! changes: on every Prepare and Unprepare and, with the claim watch, as soon as a claim is
 //! allocated from this node's pool.
 
-pub use gpupart_node::dra::{cdi, checkpoint, devices, driver, order, publish, slices};
+pub use gpupart_node::dra::{api_features, cdi, checkpoint, devices, driver, order, publish, slices};
 
+pub mod api_check;
 pub mod claims;
 pub mod events;
 pub mod metrics;
@@ -212,6 +213,12 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             _ = term.recv() => return anyhow::Ok(ExitCode::SUCCESS),
             _ = tokio::signal::ctrl_c() => return anyhow::Ok(ExitCode::SUCCESS),
         };
+        // What the API server keeps of the pool, before any of it is written.
+        let served = tokio::select! {
+            served = api_check::check(&client, &server, &a.driver_name, &node) => served?,
+            _ = term.recv() => return anyhow::Ok(ExitCode::SUCCESS),
+            _ = tokio::signal::ctrl_c() => return anyhow::Ok(ExitCode::SUCCESS),
+        };
         let health = Arc::new(crate::http::Health::default());
         health.beat();
         let listener = crate::http::listen(a.metrics_addr).await?;
@@ -223,6 +230,7 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         let mut publisher =
             publisher::Publisher::start(client.clone(), &a.driver_name, &node, uid, backend.as_ref()).await?;
         publisher.catalog.mps = a.mps_policy;
+        publisher.kept = served.kept;
         publisher.catalog.mps_on_mig = a.mps_on_mig;
         let (node_changed, mut node_changes) = tokio::sync::mpsc::channel::<()>(8);
         let keys =

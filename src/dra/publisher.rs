@@ -8,6 +8,7 @@
 
 use anyhow::Context;
 use gpupart_node::backend::GpuBackend;
+use gpupart_node::dra::api_features::{withhold, Kept};
 use gpupart_node::dra::devices::DeviceRef;
 use gpupart_node::dra::publish::{content, names, Catalog, PublishedGpu};
 use gpupart_node::dra::slices::{keep_unchanged, write_plan, Slice, SliceSpec};
@@ -48,10 +49,22 @@ pub struct Publisher {
     pub driver_version: String,
     /// Counter sets per model.
     pub catalog: Catalog,
+    /// The optional fields the API server keeps: devices that need another are left out.
+    pub kept: Kept,
 }
 
-fn to_spec(s: &ResourceSlice) -> Option<SliceSpec> {
+/// A ResourceSlice's spec as the pure model reads it.
+pub fn to_spec(s: &ResourceSlice) -> Option<SliceSpec> {
     serde_json::to_value(&s.spec).ok().and_then(|v| serde_json::from_value(v).ok())
+}
+
+/// The ResourceSlice object of `s`, owned by `owner` if given.
+pub fn object(s: &Slice, owner: Option<OwnerReference>) -> anyhow::Result<ResourceSlice> {
+    let spec = serde_json::from_value(serde_json::to_value(&s.spec)?).context("building a ResourceSlice")?;
+    let mut obj = ResourceSlice { metadata: Default::default(), spec };
+    obj.metadata.name = Some(s.name.clone());
+    obj.metadata.owner_references = owner.map(|o| vec![o]);
+    Ok(obj)
 }
 
 impl Publisher {
@@ -83,6 +96,7 @@ impl Publisher {
             versions: BTreeMap::new(),
             driver_version: backend.driver_version().unwrap_or_default(),
             catalog: Catalog::default(),
+            kept: Kept::ALL,
         };
         p.refresh().await?;
         Ok(p)
@@ -120,6 +134,7 @@ impl Publisher {
         fenced: &BTreeMap<DeviceRef, gpupart_node::dra::slices::DeviceTaint>,
     ) -> anyhow::Result<Published> {
         let mut slices = content(&self.driver, &self.node, self.generation.max(1), gpus, offered, unavailable, fenced);
+        withhold(&mut slices, self.kept);
         let same_set = slices.len() == self.current.len() && slices.iter().all(|s| self.current.contains_key(&s.name));
         if !same_set || self.generation == 0 {
             self.generation += 1;
@@ -159,10 +174,7 @@ impl Publisher {
     }
 
     async fn write(&mut self, s: &Slice) -> anyhow::Result<()> {
-        let spec = serde_json::from_value(serde_json::to_value(&s.spec)?).context("building a ResourceSlice")?;
-        let mut obj = ResourceSlice { metadata: Default::default(), spec };
-        obj.metadata.name = Some(s.name.clone());
-        obj.metadata.owner_references = Some(vec![self.owner.clone()]);
+        let mut obj = object(s, Some(self.owner.clone()))?;
         let pp = PostParams { field_manager: Some(crate::kube::keys::FIELD_MANAGER.into()), ..Default::default() };
         let written = match self.versions.get(&s.name) {
             Some(rv) => {

@@ -28,6 +28,17 @@ pub async fn client_without_retries() -> anyhow::Result<::kube::Client> {
     Ok(client_with(false).await?.0)
 }
 
+/// The versions the API server serves of API `group`, preferred first (empty: not served).
+pub async fn group_versions(client: &::kube::Client, group: &str) -> Result<Vec<String>, ::kube::Error> {
+    let groups = client.list_api_groups().await?;
+    Ok(groups
+        .groups
+        .iter()
+        .filter(|g| g.name == group)
+        .flat_map(|g| g.versions.iter().map(|v| v.version.clone()))
+        .collect())
+}
+
 /// A client as [`client`] gives, and the API server's URL it talks to (for messages).
 pub async fn client_and_server() -> anyhow::Result<(::kube::Client, String)> {
     client_with(true).await

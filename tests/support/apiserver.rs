@@ -8,8 +8,10 @@
 //! (`apps/v1`) stand-in that recreates a deleted pod it owns ([`super::disruption`]). Fault
 //! injection: HTTP errors, 409s for a field manager, 410 on watch, dropped watches, and a restart
 //! (every connection dropped, connections refused while down, and watches from a resourceVersion
-//! older than the restart answered `410 Expired` as etcd's compaction does). Anything else is
-//! answered 404 naming the request.
+//! older than the restart answered `410 Expired` as etcd's compaction does). What a release
+//! serves ([`super::served`]): `/version`, discovery of the API groups, dry runs, and the fields a
+//! feature gate that is off drops from written objects (Kubernetes 1.36's defaults unless a test
+//! sets another). Anything else is answered 404 naming the request.
 //!
 //! An agent's test starts it with its node ([`ApiServer::start`]); a cluster test starts it
 //! empty ([`ApiServer::empty`]) and puts what it needs.
@@ -129,6 +131,8 @@ pub struct Store {
     /// How long every write takes to be answered (a busy control plane answers writes in tens
     /// of milliseconds); concurrent writes wait concurrently, as they do on a real API server.
     pub write_delay: std::time::Duration,
+    /// The release and feature gates served.
+    pub served: super::served::Served,
 }
 
 impl Store {
@@ -144,6 +148,7 @@ impl Store {
 
     /// Stores `object` under `key`, bumping the resourceVersion and logging the change.
     pub fn put(&mut self, key: Key, mut object: Value) -> Value {
+        self.served.drop_disabled(&key.0, &mut object, self.objects.get(&key));
         self.rv += 1;
         let kind = if self.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
@@ -461,6 +466,9 @@ async fn handle(
             }
         }
     }
+    if let Some(r) = discovery(&sh, &method, &path) {
+        return r;
+    }
     if let Some((ns, name)) = eviction_target(&path) {
         if method != Method::POST {
             return status(405, "MethodNotAllowed", &format!("{method} {path} is not served by the test API server"));
@@ -516,8 +524,12 @@ async fn handle(
                 Ok(v) => v,
                 Err(e) => return status(400, "BadRequest", &e.to_string()),
             };
+            let dry_run = q.get("dryRun").is_some_and(|v| v == "All");
             let out = {
                 let mut s = sh.store.lock().unwrap();
+                if let Some(message) = s.served.invalid(&t.plural, &obj) {
+                    return status(422, "Invalid", &message);
+                }
                 if obj["metadata"]["name"].is_null() {
                     let base = obj["metadata"]["generateName"].as_str().unwrap_or("obj-").to_string();
                     obj["metadata"]["name"] = json!(format!("{base}{}", s.rv + 1));
@@ -531,6 +543,13 @@ async fn handle(
                 obj["kind"] = json!(t.kind);
                 if t.ns.is_some() {
                     obj["metadata"]["namespace"] = json!(ns);
+                }
+                if dry_run {
+                    // What would be stored, not stored: no resourceVersion, no watch event.
+                    s.served.drop_disabled(&t.plural, &mut obj, None);
+                    obj["metadata"]["uid"] = json!(format!("dry-run-{}-{name}", t.plural));
+                    obj["metadata"]["creationTimestamp"] = json!(now_rfc3339());
+                    return (StatusCode::CREATED, axum::Json(obj)).into_response();
                 }
                 s.put(key, obj)
             };
@@ -617,6 +636,24 @@ async fn handle(
         }
         _ => status(405, "MethodNotAllowed", &format!("{method} {path} is not served by the test API server")),
     }
+}
+
+/// The discovery and version endpoints, and 404 for an API version the release does not serve.
+fn discovery(sh: &Shared, method: &Method, path: &str) -> Option<Response> {
+    let s = sh.store.lock().unwrap();
+    let body = match (method.as_str(), path.trim_end_matches('/')) {
+        ("GET", "/version") => s.served.version(),
+        ("GET", "/apis") => s.served.groups(GROUPS),
+        ("GET", "/apis/resource.k8s.io") => match s.served.resource_group() {
+            Some(g) => g,
+            None => return Some(status(404, "NotFound", "the server could not find the requested resource")),
+        },
+        _ if !s.served.serves(path) => {
+            return Some(status(404, "NotFound", "the server could not find the requested resource"))
+        }
+        _ => return None,
+    };
+    Some(axum::Json(body).into_response())
 }
 
 fn watch_collection(sh: Shared, t: Target, q: &HashMap<String, String>, partial: bool) -> Response {
@@ -764,6 +801,11 @@ impl ApiServer {
     /// Answers `user`'s writes under `path` with `429 TooManyRequests` until [`Self::unthrottle`].
     pub fn throttle(&self, user: &str, path: &str) {
         self.store().throttled.push((user.into(), path.into()));
+    }
+
+    /// Serves as the release `served` does from now on (its version, discovery and gates).
+    pub fn serve_release(&self, served: super::served::Served) {
+        self.store().served = served;
     }
 
     /// Answers every write again.

@@ -29,6 +29,14 @@ pub struct DraRig {
     pub port: u16,
 }
 
+/// Applies the DeviceClasses as shipped (deploy/dra/deviceclasses.yaml), as `kubectl apply` does.
+pub fn put_classes(api: &ApiServer) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/dra/deviceclasses.yaml");
+    for class in serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(path).unwrap()).unwrap() {
+        api.put("deviceclasses", class);
+    }
+}
+
 impl DraRig {
     /// A node of `spec` GPUs (MIG mode on for MIG-capable ones), the DeviceClasses, and the
     /// plugin running.
@@ -79,11 +87,7 @@ impl DraRig {
         }
         std::fs::write(node.dir.path().join("mig-minors"), minors).unwrap();
         let api = ApiServer::start(NODE);
-        // The DeviceClasses as shipped.
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/dra/deviceclasses.yaml");
-        for class in serde_saphyr::from_multiple::<Value>(&std::fs::read_to_string(path).unwrap()).unwrap() {
-            api.put("deviceclasses", class);
-        }
+        put_classes(&api);
         let kubelet = DraKubelet::start(&node.dir.path().join("plugins_registry"));
         let rig = Self {
             node,

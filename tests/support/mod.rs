@@ -18,6 +18,7 @@ pub mod racing_scheduler;
 pub mod rbac;
 pub mod rng;
 pub mod scheduler;
+pub mod served;
 
 /// Declares `sim::NAME` and `nvml::NAME` tests running scenario `NAME` on each backend.
 macro_rules! on_both_backends {

@@ -29,6 +29,8 @@ pub struct Attributes {
     pub namespace: Option<String>,
     /// The object's name, when the request names one.
     pub name: Option<String>,
+    /// The path of a request for no resource (`/version`, `/apis`: discovery).
+    pub non_resource: Option<String>,
 }
 
 /// The rules bound to ServiceAccount `namespace/account` in the manifest documents.
@@ -84,6 +86,13 @@ impl Permissions {
 
     /// Whether the request is allowed.
     pub fn allows(&self, a: &Attributes) -> bool {
+        // The default ClusterRoles system:discovery and system:public-info-viewer, bound to every
+        // authenticated user, allow GET of the version and discovery paths.
+        if let Some(path) = &a.non_resource {
+            let discovery =
+                ["/version", "/api", "/apis"].iter().any(|p| path == p || path.starts_with(&format!("{p}/")));
+            return a.verb == "get" && discovery;
+        }
         self.rules.iter().any(|r| {
             let any = |v: &[String], x: &str| v.iter().any(|s| s == "*" || s == x);
             r.namespace.as_ref().is_none_or(|ns| a.namespace.as_deref() == Some(ns.as_str()))
@@ -100,9 +109,21 @@ pub fn attributes(method: &str, path: &str) -> Attributes {
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, rest) = match parts.as_slice() {
-        ["api", _version, rest @ ..] => (String::new(), rest.to_vec()),
-        ["apis", group, _version, rest @ ..] => (group.to_string(), rest.to_vec()),
-        _ => panic!("not an API path: {path}"),
+        ["api", _version, rest @ ..] if !rest.is_empty() => (String::new(), rest.to_vec()),
+        ["apis", group, _version, rest @ ..] if !rest.is_empty() => (group.to_string(), rest.to_vec()),
+        // A request for no resource: verbs are the lowercased method (RequestInfoFactory).
+        _ => {
+            let verb = method.to_lowercase();
+            let non_resource = Some(path.to_string());
+            return Attributes {
+                verb,
+                group: String::new(),
+                resource: String::new(),
+                namespace: None,
+                name: None,
+                non_resource,
+            };
+        }
     };
     let (namespace, rest) = match rest.as_slice() {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest.to_vec()),
@@ -132,7 +153,7 @@ pub fn attributes(method: &str, path: &str) -> Attributes {
         let selector = param("fieldSelector").map(|s| s.replace("%3D", "=").replace("%3d", "="));
         name = selector.and_then(|s| s.strip_prefix("metadata.name=").map(str::to_string));
     }
-    Attributes { verb: verb.into(), group, resource, namespace, name }
+    Attributes { verb: verb.into(), group, resource, namespace, name, non_resource: None }
 }
 
 /// The controller's permissions as deploy/controller.yaml grants them.

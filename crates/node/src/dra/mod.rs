@@ -5,8 +5,10 @@
 //! them out in ResourceSlices within the API's limits; [`unavailable`] finds the devices only a
 //! device taint can refuse, and [`reservation`] the room held for a waiting claim. [`driver`] prepares and unprepares claims through the
 //! backend, with its [`checkpoint`] and [`cdi`] specs; [`share_config`] reads a claim's settings
-//! for its MPS shares.
+//! for its MPS shares. [`api_features`] finds which optional fields the API server keeps, and
+//! leaves out of the pool what needs one it drops.
 
+pub mod api_features;
 pub mod cdi;
 pub mod checkpoint;
 pub mod devices;
