@@ -5,7 +5,7 @@
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
-use support::dra_rig::{DraRig, DRIVER, NODE};
+use support::dra_rig::{foreign_instance, DraRig, DRIVER, NODE};
 
 /// Device name → its GPU index.
 fn gpu_of(device: &str) -> u32 {
@@ -270,22 +270,7 @@ fn a_kill_in_the_middle_of_prepare_converges_after_a_restart() {
 
 #[test]
 fn a_foreign_instance_is_never_offered_over_nor_destroyed() {
-    let rig = DraRig::start_after("A100-SXM4-80GB:1", &["--annotation-min-interval", "100ms"], &[], |s| {
-        // A 1g.10gb at slice 6, made by hand before the plugin started.
-        s.gpus[0].gpu_instances.push(gpupart::mig::sim::SimGi {
-            id: 9,
-            profile_id: 19,
-            placement: gpupart::mig::Placement::new(6, 1),
-            processes: Vec::new(),
-            compute_instances: vec![gpupart::mig::sim::SimCi {
-                id: 0,
-                profile_id: 0,
-                placement: gpupart::mig::Placement::new(0, 1),
-                uuid: "MIG-00000000-0000-4000-8000-00000000f00d".into(),
-                processes: Vec::new(),
-            }],
-        });
-    });
+    let rig = DraRig::start_after("A100-SXM4-80GB:1", &["--annotation-min-interval", "100ms"], &[], foreign_instance);
     rig.kubelet.wait_registered(1);
     let slices = rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
     // Every device stays listed; what the foreign instance blocks (the counters cannot know it)

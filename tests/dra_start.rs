@@ -10,14 +10,7 @@ use support::dra_rig::DraRig;
 
 /// A rig whose own plugin was stopped and whose slices were removed, for a plugin of a test's own.
 fn stopped_rig() -> DraRig {
-    let rig = DraRig::start("A100-SXM4-80GB:1");
-    rig.wait_slices("the pool", |s| !s.is_empty());
-    rig.kill();
-    rig.api.change(|s| s.objects.retain(|k, _| k.0 != "resourceslices"));
-    // What the killed plugin could not clean up, as a kubelet restart would.
-    std::fs::remove_dir_all(rig.path("plugins/gpu.gpupart.io")).unwrap();
-    std::fs::remove_file(rig.path("plugins_registry/gpu.gpupart.io-reg.sock")).unwrap();
-    rig
+    DraRig::stopped("A100-SXM4-80GB:1", &[], |_| {})
 }
 
 #[test]

@@ -7,18 +7,12 @@
 mod support;
 
 use std::time::{Duration, Instant};
-use support::dra_rig::{put_classes, DraRig};
+use support::dra_rig::{foreign_instance, put_classes, DraRig};
 use support::served::{Counters, Served};
 
 /// A rig whose own plugin was stopped and whose slices were removed, for a plugin of a test's own.
 fn stopped_rig(spec: &str, edit: impl FnOnce(&mut gpupart::mig::sim::SimState)) -> DraRig {
-    let rig = DraRig::start_after(spec, &[], &[("RUST_LOG", "info")], edit);
-    rig.wait_slices("the pool", |s| !s.is_empty());
-    rig.kill();
-    rig.api.change(|s| s.objects.retain(|k, _| k.0 != "resourceslices"));
-    std::fs::remove_dir_all(rig.path("plugins/gpu.gpupart.io")).unwrap();
-    std::fs::remove_file(rig.path("plugins_registry/gpu.gpupart.io-reg.sock")).unwrap();
-    rig
+    DraRig::stopped(spec, &[("RUST_LOG", "info")], edit)
 }
 
 /// Writes made since request `from`: (method, path?query).
@@ -82,22 +76,7 @@ fn a_server_that_drops_or_refuses_counter_sets_stops_the_plugin_naming_the_gate_
 fn without_taints_and_shared_devices_the_pool_leaves_out_what_needs_them_and_says_which_gates() {
     // GPU 0 (MIG) has another tool's 1g.10gb at slice 6, so the placements over it are tainted;
     // GPU 1 (no MIG) has an MPS device several claims share.
-    let foreign = |s: &mut gpupart::mig::sim::SimState| {
-        s.gpus[0].gpu_instances.push(gpupart::mig::sim::SimGi {
-            id: 9,
-            profile_id: 19,
-            placement: gpupart::mig::Placement::new(6, 1),
-            processes: Vec::new(),
-            compute_instances: vec![gpupart::mig::sim::SimCi {
-                id: 0,
-                profile_id: 0,
-                placement: gpupart::mig::Placement::new(0, 1),
-                uuid: "MIG-00000000-0000-4000-8000-00000000f00d".into(),
-                processes: Vec::new(),
-            }],
-        });
-    };
-    let rig = DraRig::start_after("A100-SXM4-80GB:1,V100-SXM2-16GB:1", &[], &[("RUST_LOG", "info")], foreign);
+    let rig = DraRig::start_after("A100-SXM4-80GB:1,V100-SXM2-16GB:1", &[], &[("RUST_LOG", "info")], foreign_instance);
     let devices = |s: &[(String, gpupart::dra::slices::SliceSpec)]| -> Vec<gpupart::dra::slices::Device> {
         s.iter().flat_map(|(_, x)| x.devices.clone()).collect()
     };

@@ -13,13 +13,13 @@ use kube::api::{ListParams, PostParams};
 /// What the API server serves of what the plugin uses.
 #[derive(Debug, Clone)]
 pub struct Served {
-    /// Its `gitVersion` (`v1.36.2`), or `an unknown version`.
+    /// Its `gitVersion` (`v1.36.2`), or `version unknown`.
     pub version: String,
     /// The optional ResourceSlice fields it keeps.
     pub kept: Kept,
 }
 
-/// The API group and version the plugin publishes and reads.
+/// The API group the plugin publishes and reads, in version `v1`.
 const GROUP: &str = "resource.k8s.io";
 
 /// Finds out what `server` serves; an error when the plugin cannot run there (no
@@ -30,7 +30,7 @@ pub async fn check(client: &kube::Client, server: &str, driver: &str, node: &str
         Ok(info) => info.git_version,
         Err(e) => {
             tracing::debug!(error = %e, "reading the API server's version");
-            "an unknown version".to_string()
+            "version unknown".to_string()
         }
     };
     let at = format!("the API server {server} (Kubernetes {version})");

@@ -29,6 +29,23 @@ pub struct DraRig {
     pub port: u16,
 }
 
+/// Another tool's MIG device on GPU 0, made before the plugin started: a 1g.10gb at slice 6.
+pub fn foreign_instance(s: &mut gpupart::mig::sim::SimState) {
+    s.gpus[0].gpu_instances.push(gpupart::mig::sim::SimGi {
+        id: 9,
+        profile_id: 19,
+        placement: gpupart::mig::Placement::new(6, 1),
+        processes: Vec::new(),
+        compute_instances: vec![gpupart::mig::sim::SimCi {
+            id: 0,
+            profile_id: 0,
+            placement: gpupart::mig::Placement::new(0, 1),
+            uuid: "MIG-00000000-0000-4000-8000-00000000f00d".into(),
+            processes: Vec::new(),
+        }],
+    });
+}
+
 /// Applies the DeviceClasses as shipped (deploy/dra/deviceclasses.yaml), as `kubectl apply` does.
 pub fn put_classes(api: &ApiServer) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/dra/deviceclasses.yaml");
@@ -104,6 +121,19 @@ impl DraRig {
 
     pub fn path(&self, p: &str) -> PathBuf {
         self.node.dir.path().join(p)
+    }
+
+    /// A rig whose own plugin published its pool, was stopped, and whose slices were removed with
+    /// what the killed plugin left in the kubelet's directories (as a kubelet restart would):
+    /// for tests that start a plugin of their own.
+    pub fn stopped(spec: &str, env: &[(&str, &str)], edit: impl FnOnce(&mut gpupart::mig::sim::SimState)) -> Self {
+        let rig = Self::start_after(spec, &[], env, edit);
+        rig.wait_slices("the pool", |s| !s.is_empty());
+        rig.kill();
+        rig.api.change(|s| s.objects.retain(|k, _| k.0 != "resourceslices"));
+        std::fs::remove_dir_all(rig.path(&format!("plugins/{DRIVER}"))).unwrap();
+        std::fs::remove_file(rig.path(&format!("plugins_registry/{DRIVER}-reg.sock"))).unwrap();
+        rig
     }
 
     /// Kills the plugin (SIGKILL, wherever it is).
