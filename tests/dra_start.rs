@@ -64,7 +64,7 @@ fn a_second_plugin_on_the_same_directories_is_refused_whatever_its_lock_file() {
 
 #[test]
 fn a_plugin_that_cannot_serve_the_kubelet_is_not_ready_and_leaves_nothing_behind() {
-    let rig = DraRig::start("A100-SXM4-80GB:1");
+    let rig = DraRig::start_with("A100-SXM4-80GB:1", &[], &[("RUST_LOG", "info")]);
     rig.kubelet.wait_registered(1);
     let wait = |what: &str, ok: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -82,8 +82,19 @@ fn a_plugin_that_cannot_serve_the_kubelet_is_not_ready_and_leaves_nothing_behind
     wait("not ready", &|| rig.get("/readyz").starts_with("HTTP/1.1 503"));
     let svc = rig.path("plugins/gpu.gpupart.io/dra.sock");
     wait("the service socket served again", &|| svc.exists());
+    // It keeps retrying every half second, and says so once, not at every try.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(rig.stderr().matches("cannot listen for the kubelet").count(), 1, "{}", rig.stderr());
+    // The registry back: served again, ready again, said once.
+    std::fs::remove_file(&registry).unwrap();
+    std::fs::create_dir(&registry).unwrap();
+    wait("ready again", &|| rig.get("/readyz").starts_with("HTTP/1.1 200"));
+    assert!(rig.stderr().contains("listening for the kubelet again"), "{}", rig.stderr());
+    // SIGTERM after a second failure: the plugin stops and removes the service socket it still had.
+    std::fs::remove_dir_all(&registry).unwrap();
+    std::fs::write(&registry, "").unwrap();
+    wait("not ready again", &|| rig.get("/readyz").starts_with("HTTP/1.1 503"));
     let pid = rig.agent.lock().unwrap().as_ref().map(|a| a.0.id()).unwrap();
-    // SIGTERM: the plugin stops and removes the service socket it still had.
     std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
     wait("the service socket removed", &|| !svc.exists());
 }

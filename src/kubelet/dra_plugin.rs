@@ -236,6 +236,8 @@ pub async fn serve<H: ClaimHandler>(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut first = Some(first);
+    // Failed attempts in a row: the first is warned of, the rest only counted.
+    let mut failed = 0u32;
     let info = PluginInfo {
         r#type: PLUGIN_TYPE.to_string(),
         name: sockets.driver.clone(),
@@ -256,7 +258,12 @@ pub async fn serve<H: ClaimHandler>(
             Err(e) => {
                 // Not ready while the kubelet cannot reach the plugin.
                 serving(false);
-                tracing::warn!(error = %e, registration = %reg_path.display(), service = %svc_path.display(), "cannot listen for the kubelet; not ready, retrying");
+                if failed == 0 {
+                    tracing::warn!(error = %e, registration = %reg_path.display(), service = %svc_path.display(), "cannot listen for the kubelet; not ready, retrying (logged once until it listens again)");
+                } else {
+                    tracing::debug!(error = %e, attempts = failed + 1, "still cannot listen for the kubelet");
+                }
+                failed += 1;
                 tokio::select! {
                     _ = tokio::time::sleep(sockets.poll) => continue,
                     _ = stop.changed() => {
@@ -268,6 +275,10 @@ pub async fn serve<H: ClaimHandler>(
             }
         };
         serving(true);
+        if failed > 0 {
+            tracing::info!(failed_attempts = failed, "listening for the kubelet again; ready");
+            failed = 0;
+        }
         log.served.fetch_add(1, Ordering::SeqCst);
         let inodes = (inode(&reg_path), inode(&svc_path));
         let (halt_tx, halt_rx) = watch::channel(false);
