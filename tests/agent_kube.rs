@@ -477,6 +477,6 @@ fn an_agent_whose_node_does_not_exist_stops_at_start_and_writes_nothing() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(code, Some(1), "{text}");
     assert_eq!(text.matches(&format!("node {NODE} does not exist at http")).count(), 1, "{text}");
-    let writes: Vec<(String, String)> = api.store().requests.iter().filter(|(m, _)| m != "GET").cloned().collect();
+    let writes = api.writes_since(0);
     assert!(writes.is_empty(), "{writes:?}");
 }

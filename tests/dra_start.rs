@@ -121,6 +121,24 @@ fn a_missing_or_unreadable_mig_minors_file_stops_the_plugin_at_start_naming_it()
 }
 
 #[test]
+fn a_prepare_that_finds_no_minor_for_its_instance_names_the_minors_file() {
+    let rig = DraRig::start("A100-SXM4-80GB:1");
+    rig.kubelet.wait_registered(1);
+    rig.kill();
+    // GPU 0 is listed (the start's check passes), but not the instance a claim gets.
+    let file = rig.path("mig-minors");
+    std::fs::write(&file, "config 1\nmonitor 2\ngpu0/gi14/access 500\n").unwrap();
+    rig.launch();
+    rig.kubelet.wait_registered(2);
+    rig.wait_slices("the pool", |s| s.iter().any(|(_, x)| !x.devices.is_empty()));
+    rig.mig_claim("a", "3g.40gb");
+    rig.schedule("a").unwrap();
+    let e = rig.prepare("a").expect_err("no minor for its instance");
+    assert!(e.contains("no capability minor for the GPU instance"), "{e}");
+    assert!(e.contains(&format!("in {} (--nvidia-caps-minors)", file.display())), "{e}");
+}
+
+#[test]
 fn simulated_gpus_without_a_minors_file_get_simulated_minors_and_mig_claims_prepare() {
     let rig = DraRig::start_on(support::Backend::Sim, "A100-SXM4-80GB:1", &[], &[], |_| {});
     rig.kubelet.wait_registered(1);
@@ -142,13 +160,12 @@ fn simulated_gpus_without_a_minors_file_get_simulated_minors_and_mig_claims_prep
 #[test]
 fn a_node_that_does_not_exist_stops_the_plugin_at_start_and_nothing_is_written() {
     let rig = stopped_rig();
-    let before = rig.api.store().requests.len();
+    let before = rig.api.request_count();
     let (code, log) = rig.try_start(&[("--node-name", "ghost")], 30);
     assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("node ghost does not exist"), "{log}");
     assert_eq!(log.matches("node ghost does not exist").count(), 1, "said once: {log}");
-    let writes: Vec<(String, String)> =
-        rig.api.store().requests[before..].iter().filter(|(m, _)| m != "GET").cloned().collect();
+    let writes = rig.api.writes_since(before);
     assert!(writes.is_empty(), "written for a node that does not exist: {writes:?}");
 }
 

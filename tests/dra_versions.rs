@@ -15,11 +15,6 @@ fn stopped_rig(spec: &str, edit: impl FnOnce(&mut gpupart::mig::sim::SimState)) 
     DraRig::stopped(spec, &[("RUST_LOG", "info")], edit)
 }
 
-/// Writes made since request `from`: (method, path?query).
-fn writes_since(rig: &DraRig, from: usize) -> Vec<(String, String)> {
-    rig.api.store().requests[from..].iter().filter(|(m, _)| m != "GET").cloned().collect()
-}
-
 /// Waits until the rig's plugin logged `needle`; the log.
 fn wait_logged(rig: &DraRig, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -37,12 +32,12 @@ fn wait_logged(rig: &DraRig, needle: &str) -> String {
 fn a_server_without_resource_v1_stops_the_plugin_naming_its_version_and_nothing_is_written() {
     let rig = stopped_rig("A100-SXM4-80GB:1", |_| {});
     rig.api.serve_release(Served::v1_33());
-    let before = rig.api.store().requests.len();
+    let before = rig.api.request_count();
     let (code, log) = rig.try_start(&[], 30);
     assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("(Kubernetes v1.33.9) serves resource.k8s.io v1beta2, v1beta1 only"), "{log}");
     assert!(log.contains("served since Kubernetes 1.34"), "{log}");
-    assert!(writes_since(&rig, before).is_empty(), "written: {:?}", writes_since(&rig, before));
+    assert!(rig.api.writes_since(before).is_empty(), "written: {:?}", rig.api.writes_since(before));
     assert!(!rig.path("plugins/gpu.gpupart.io/dra.sock").exists(), "the service socket left behind");
     assert!(!rig.path("plugins_registry/gpu.gpupart.io-reg.sock").exists(), "the registration socket left behind");
 }
@@ -52,13 +47,13 @@ fn a_server_that_drops_or_refuses_counter_sets_stops_the_plugin_naming_the_gate_
     let rig = stopped_rig("A100-SXM4-80GB:1", |_| {});
     // Kubernetes 1.35 as it comes: DRAPartitionableDevices is alpha, off.
     rig.api.serve_release(Served::v1_35());
-    let before = rig.api.store().requests.len();
+    let before = rig.api.request_count();
     let (code, log) = rig.try_start(&[], 30);
     assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("(Kubernetes v1.35.4) drops ResourceSlice spec.sharedCounters"), "{log}");
     assert!(log.contains("DRAPartitionableDevices") && log.contains("overlapping MIG placements"), "{log}");
     // Only the dry runs were written, and nothing was stored.
-    let writes = writes_since(&rig, before);
+    let writes = rig.api.writes_since(before);
     assert!(!writes.is_empty(), "the probe was not written");
     assert!(writes.iter().all(|(m, p)| m == "POST" && p.contains("dryRun=All")), "{writes:?}");
     assert!(rig.slices().is_empty(), "slices were stored");

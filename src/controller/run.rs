@@ -464,11 +464,8 @@ async fn carry_out(
         let shown = layout.name().unwrap_or("none").to_string();
         let note = format!("{words} node {}: {} (layout {shown})", d.node, d.change);
         // A dry run changes nothing, so the next batches decide the same again: told once.
-        if a.dry_run && memory.dry_told.get(&d.node) == Some(&note) {
+        if a.dry_run && memory.dry_told.insert(d.node.clone(), note.clone()).as_ref() == Some(&note) {
             continue;
-        }
-        if a.dry_run {
-            memory.dry_told.insert(d.node.clone(), note.clone());
         }
         if !a.dry_run {
             if let Err(e) = patch_node(cluster, node, d, layout.name(), now, pools).await {

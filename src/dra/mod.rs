@@ -214,8 +214,8 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
             _ = tokio::signal::ctrl_c() => return anyhow::Ok(ExitCode::SUCCESS),
         };
         // What the API server keeps of the pool, before any of it is written.
-        let served = tokio::select! {
-            served = api_check::check(&client, &server, &a.driver_name, &node) => served?,
+        let api = tokio::select! {
+            api = api_check::check(&client, &server, &a.driver_name, &node) => api?,
             _ = term.recv() => return anyhow::Ok(ExitCode::SUCCESS),
             _ = tokio::signal::ctrl_c() => return anyhow::Ok(ExitCode::SUCCESS),
         };
@@ -230,8 +230,8 @@ pub fn run(g: &GpuOptions, a: &DraOptions) -> anyhow::Result<ExitCode> {
         let mut publisher =
             publisher::Publisher::start(client.clone(), &a.driver_name, &node, uid, backend.as_ref()).await?;
         publisher.catalog.mps = a.mps_policy;
-        publisher.kept = served.kept;
         publisher.catalog.mps_on_mig = a.mps_on_mig;
+        publisher.kept = api.kept;
         let (node_changed, mut node_changes) = tokio::sync::mpsc::channel::<()>(8);
         let keys =
             vec![gpupart_node::dra::reservation::ANNOTATION.to_string(), crate::kube::keys::RECOVER_GPUS.to_string()];

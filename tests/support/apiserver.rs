@@ -886,6 +886,16 @@ impl ApiServer {
         kubeconfig_with(self.port, &dir.join(format!("kubeconfig-{user}")), &format!("{{token: {user}}}"))
     }
 
+    /// How many requests were made so far (a mark for [`Self::writes_since`]).
+    pub fn request_count(&self) -> usize {
+        self.store().requests.len()
+    }
+
+    /// Every request but GETs made since request `from` (0: all): (method, path?query).
+    pub fn writes_since(&self, from: usize) -> Vec<(String, String)> {
+        self.store().requests[from..].iter().filter(|(m, _)| m != "GET").cloned().collect()
+    }
+
     /// Every request made as `user`: (method, path?query).
     pub fn requests_by(&self, user: &str) -> Vec<(String, String)> {
         let s = self.store();

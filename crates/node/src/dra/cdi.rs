@@ -16,9 +16,13 @@ pub const KIND: &str = "k8s.gpu.gpupart.io/claim";
 /// The CDI spec version written.
 pub const CDI_VERSION: &str = "0.6.0";
 
-/// Capability minors from the `mig-minors` file: (gpu minor, gi, ci or none) → minor.
+/// Capability minors from the `mig-minors` file: (gpu minor, gi, ci or none) → minor, and the
+/// file they were read from (named when a minor is missing).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MigMinors(BTreeMap<(u32, u32, Option<u32>), u32>);
+pub struct MigMinors {
+    map: BTreeMap<(u32, u32, Option<u32>), u32>,
+    source: Option<std::path::PathBuf>,
+}
 
 impl MigMinors {
     /// Reads `gpu<G>/gi<I>/access <minor>` and `gpu<G>/gi<I>/ci<C>/access <minor>` lines (others,
@@ -45,12 +49,20 @@ impl MigMinors {
                 _ => {}
             }
         }
-        Self(map)
+        Self { map, source: None }
+    }
+
+    /// Reads the file at `path` (one that cannot be read lists nothing), remembering it for the
+    /// error of a missing minor.
+    pub fn read(path: &std::path::Path) -> Self {
+        let mut m = Self::parse(&std::fs::read_to_string(path).unwrap_or_default());
+        m.source = Some(path.to_path_buf());
+        m
     }
 
     /// Whether it lists an access minor for some GPU instance of the GPU of minor `gpu_minor`.
     pub fn covers(&self, gpu_minor: u32) -> bool {
-        self.0.keys().any(|(g, _, _)| *g == gpu_minor)
+        self.map.keys().any(|(g, _, _)| *g == gpu_minor)
     }
 
     /// A file for simulated GPUs, which have no NVIDIA driver to write one: the driver's lines
@@ -74,7 +86,7 @@ impl MigMinors {
 
     /// The access minor of a GPU instance (`ci` none) or compute instance.
     pub fn get(&self, gpu_minor: u32, gi: u32, ci: Option<u32>) -> Option<u32> {
-        self.0.get(&(gpu_minor, gi, ci)).copied()
+        self.map.get(&(gpu_minor, gi, ci)).copied()
     }
 }
 
@@ -138,8 +150,14 @@ pub fn spec(
             for (what, m) in
                 [("GPU instance", minors.get(minor, gi, None)), ("compute instance", minors.get(minor, gi, Some(ci)))]
             {
-                let m =
-                    m.ok_or_else(|| format!("no capability minor for the {what} of {} (gpu{minor}/gi{gi})", d.device))?;
+                let m = m.ok_or_else(|| {
+                    let from = minors.source.as_ref().map(|p| format!(" in {} (--nvidia-caps-minors)", p.display()));
+                    format!(
+                        "no capability minor for the {what} of {} (gpu{minor}/gi{gi}){}",
+                        d.device,
+                        from.unwrap_or_default()
+                    )
+                })?;
                 nodes.push(node(&format!("/dev/nvidia-caps/nvidia-cap{m}")));
             }
         }

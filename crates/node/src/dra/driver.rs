@@ -336,19 +336,13 @@ impl Driver {
                 return Err(fail(reason, message));
             }
         }
-        let minors_file = &self.cfg.mig_minors;
-        let minors = MigMinors::parse(&std::fs::read_to_string(minors_file).unwrap_or_default());
+        let minors = MigMinors::read(&self.cfg.mig_minors);
         let Some(entry) = self.checkpoint.claims.get(&claim.uid).cloned() else {
             return Err(fail(Reason::Files, "the checkpoint lost the claim while preparing it".into()));
         };
         let minor_of = |gpu: u32| states.iter().find(|s| s.info.index == gpu).map_or(gpu, |s| s.info.minor);
         let mps_root = self.mps.as_ref().map(|m| m.root.clone());
-        let spec = cdi::spec(&claim.uid, &entry.devices, minor_of, &minors, mps_root.as_deref()).map_err(|e| {
-            match e.starts_with("no capability minor") {
-                true => format!("{e} in {} (--nvidia-caps-minors)", minors_file.display()),
-                false => e,
-            }
-        });
+        let spec = cdi::spec(&claim.uid, &entry.devices, minor_of, &minors, mps_root.as_deref());
         let written = spec.and_then(|spec| {
             let text = serde_json::to_string_pretty(&spec).map_err(|e| e.to_string())?;
             crate::fsutil::write_atomic(&self.cdi_path(&claim.uid), text.as_bytes())
