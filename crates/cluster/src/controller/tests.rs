@@ -11,15 +11,20 @@ const A100: &str = "A100-SXM4-80GB";
 
 /// An A100 node with one annotation item per GPU (`3g.40gb@0*,3g.40gb@4`; `off`, `off*`).
 fn node(name: &str, gpus: &[&str]) -> GpuNode {
+    node_of(A100, name, gpus)
+}
+
+/// A node of GPUs of `model` (`off`, `off*`, or a layout such as `3g.40gb@0*,3g.40gb@4`).
+fn node_of(model: &str, name: &str, gpus: &[&str]) -> GpuNode {
     let items: Vec<String> = gpus
         .iter()
         .enumerate()
         .map(|(i, g)| match *g {
-            "off" => format!(r#"{{"i":{i},"model":"{A100}","mode":"none","busy":false}}"#),
-            "off*" => format!(r#"{{"i":{i},"model":"{A100}","mode":"none","busy":true}}"#),
+            "off" => format!(r#"{{"i":{i},"model":"{model}","mode":"none","busy":false}}"#),
+            "off*" => format!(r#"{{"i":{i},"model":"{model}","mode":"none","busy":true}}"#),
             layout => {
                 let l: Vec<String> = layout.split(',').filter(|s| !s.is_empty()).map(|s| format!("\"{s}\"")).collect();
-                format!(r#"{{"i":{i},"model":"{A100}","mode":"mig","layout":[{}]}}"#, l.join(","))
+                format!(r#"{{"i":{i},"model":"{model}","mode":"mig","layout":[{}]}}"#, l.join(","))
             }
         })
         .collect();
@@ -797,6 +802,26 @@ fn among_nodes_alike_the_first_is_changed_and_one_that_differs_is_judged_on_its_
     let changed: Vec<&str> = out.decisions.iter().map(|d| d.node.as_str()).collect();
     assert_eq!(changed, ["gpu-00", "gpu-01"], "{out:#?}");
     assert_eq!(out.placeable, 7, "{out:#?}");
+}
+
+#[test]
+fn nodes_whose_model_lacks_every_waiting_profile_are_never_judged() {
+    // Two A100-80GB nodes with room, one A100-40GB node; the pods ask for 1g.5gb, which only the
+    // A100-40GB has.
+    let nodes = vec![
+        node("gpu-80-a", &["3g.40gb@0*,3g.40gb@4"]),
+        node("gpu-80-b", &["3g.40gb@0,3g.40gb@4*"]),
+        node_of("A100-SXM4-40GB", "gpu-40", &["3g.20gb@0,3g.20gb@4"]),
+    ];
+    let pods: Vec<GpuPod> = (0..3).map(|i| pod(&format!("tiny-{i}"), mig("1g.5gb"), 1, 100 + i)).collect();
+    let idle = BTreeMap::new();
+    let mut memo = super::memo::Memo::new();
+    let w = World { nodes: &nodes, pods: &pods, config: None, now: 10_000, idle_since: &idle };
+    let out = super::decide::decide_with(&w, &Options::default(), &mut memo);
+    let changed: Vec<&str> = out.decisions.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(changed, ["gpu-40"], "{:?}", out.decisions);
+    // Only the A100-40GB node was judged: the A100-80GB nodes were skipped before any option.
+    assert_eq!(memo.misses(), 1);
 }
 
 #[test]
