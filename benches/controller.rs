@@ -19,7 +19,8 @@
 //!
 //! First, one batch decision at 1,000 to 10,000 nodes with 500 and 5,000 pending pods: the first
 //! batch with no memory (a new leader), then p50/p99 of the next ones with the memory of the batch
-//! before, and the RSS. Run: `cargo bench --bench controller` (`GPUPART_BENCH_SCALE_ONLY=1` for that table alone).
+//! before, and the RSS. Run: `cargo bench --bench controller` (`GPUPART_BENCH_SCALE_ONLY=1` for that table alone,
+//! `GPUPART_BENCH_NODES=1000` for its rows of that many nodes).
 
 use gpupart::controller::decide::{decide, decide_with, idle_clocks, Decision, Kind, Options, World};
 use gpupart::controller::layouts::generate;
@@ -745,7 +746,9 @@ fn scale() {
     let rows = [(1000usize, 500usize, Alike), (1000, 5000, Alike), (5000, 500, Alike), (5000, 5000, Alike)];
     let rows = rows.into_iter().chain([(10_000, 500, Alike), (10_000, 5000, Alike)]);
     let rows = rows.chain([(1000, 500, OwnCpu), (5000, 500, OwnCpu), (1000, 500, OwnGpus), (5000, 500, OwnGpus)]);
-    for (nodes, pods, variety) in rows {
+    // `GPUPART_BENCH_NODES=1000`: only the rows of that many nodes (to profile one size).
+    let only: Option<usize> = std::env::var("GPUPART_BENCH_NODES").ok().and_then(|v| v.parse().ok());
+    for (nodes, pods, variety) in rows.filter(|(n, _, _)| only.is_none_or(|o| *n == o)) {
         let ns: Vec<GpuNode> = (0..nodes).map(|k| scale_node(k, variety)).collect();
         let ps: Vec<GpuPod> = (0..pods).map(scale_pod).collect();
         let idle = BTreeMap::new();

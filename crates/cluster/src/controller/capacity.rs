@@ -181,7 +181,7 @@ pub fn schedule<'p>(
 ) -> (Vec<&'p GpuPod>, Assigned<'p>) {
     let mut waiting: Vec<&GpuPod> =
         pods.iter().filter(|p| matches!(p.standing, Standing::Waiting | Standing::Unschedulable { .. })).collect();
-    waiting.sort_by_key(|p| p.queue_order());
+    waiting.sort_by(|a, b| a.queue_cmp(b));
     let mut left = Vec::new();
     let mut placed: Assigned<'p> = Vec::new();
     // Until the next placement the ledgers and the placed pods stay as they are, so a pod asking

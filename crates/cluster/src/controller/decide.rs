@@ -253,7 +253,7 @@ impl<'p> Waiting<'p> {
             }
         }
         for (r, (pods, totals)) in by_resource.iter_mut() {
-            pods.sort_by_key(|(p, _)| p.queue_order());
+            pods.sort_by(|(a, _), (b, _)| a.queue_cmp(b));
             let most = most(r);
             pods.retain(|(_, n)| *n <= most);
             if let Some(cut) = pods.iter().enumerate().filter(|(_, (_, n))| *n == 1).nth(most as usize).map(|(k, _)| k)
@@ -759,7 +759,7 @@ fn decide_batch(world: &World, opts: &Options, memo: &mut Memo) -> Outcome {
                 _ => None,
             })
             .collect();
-        mig.sort_by_key(|(p, _)| p.queue_order());
+        mig.sort_by(|(a, _), (b, _)| a.queue_cmp(b));
         let may = |i: usize| {
             let c = &cands[i];
             (changeable.contains(&i) && !taken.contains(&i) && !c.node.is_dedicated(pools)).then_some(c.model)
@@ -1026,7 +1026,7 @@ fn dedicate(c: &Candidate, unmet: &[&GpuPod], placed: &Placements, pools: &Pools
         return None;
     }
     let mut tp: Vec<&GpuPod> = unmet.iter().copied().filter(|p| p.is_tensor_parallel()).collect();
-    tp.sort_by_key(|p| p.queue_order());
+    tp.sort_by(|a, b| a.queue_cmp(b));
     let (labels, taints) = pools.once_dedicated(&c.node.labels, &c.node.taints);
     let mut left = c.gpus.iter().filter(|g| g.unhealthy.is_none()).count() as u32;
     let mut served: Vec<&GpuPod> = Vec::new();

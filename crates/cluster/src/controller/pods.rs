@@ -124,8 +124,13 @@ impl GpuPod {
     }
 
     /// The scheduler's order: higher priority first, then older, then by name.
-    pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Option<i64>, String) {
-        (std::cmp::Reverse(self.priority), self.created, self.key.clone())
+    pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Option<i64>, &str) {
+        (std::cmp::Reverse(self.priority), self.created, &self.key)
+    }
+
+    /// [`Self::queue_order`] as a comparison, for sorting without copying keys.
+    pub fn queue_cmp(&self, other: &GpuPod) -> std::cmp::Ordering {
+        self.queue_order().cmp(&other.queue_order())
     }
 
     /// A tensor-parallel pod for the dedicated pool: several whole GPUs and the toleration.

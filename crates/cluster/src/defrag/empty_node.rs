@@ -100,7 +100,7 @@ pub fn empty(
             return Err(format!("{} asks for several GPU resources", p.key));
         }
     }
-    bound.sort_by_key(|p| p.queue_order());
+    bound.sort_by(|a, b| a.queue_cmp(b));
     let moves = place(room, hosts, &bound, pools)?;
     let share: u32 = bound.iter().map(|p| p.resource.compute_slices() * p.count).sum();
     let age: i64 = bound.iter().map(|p| p.created.unwrap_or(now)).sum();

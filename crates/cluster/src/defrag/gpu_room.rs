@@ -174,7 +174,7 @@ pub fn plan(
             else {
                 continue;
             };
-            moved.sort_by_key(|p| p.queue_order());
+            moved.sort_by(|a, b| a.queue_cmp(b));
             let Ok(moves) = place(i, hosts, &moved, pools) else { continue };
             let share: u32 = moved.iter().map(|p| p.resource.compute_slices() * p.count).sum();
             let age: i64 = moved.iter().map(|p| p.created.unwrap_or(now)).sum();
